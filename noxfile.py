@@ -1,0 +1,66 @@
+"""Sessions for the monorepo.
+
+Two ways to run them:
+
+* ``nox -s tests`` builds a fresh virtualenv per session and installs the packages into it;
+* ``nox --no-venv -s tests`` runs in the current environment (the ``.venv`` made by
+  ``scripts/setup.sh``) and installs nothing: what CI and README command (2) use.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ["plugin-sdk", "engine-core", "engine-kernels", "server", "testing-fixtures"]
+EDITABLE = [arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")]
+TORCH = "torch>=2.6,<2.14"
+
+nox.options.sessions = ["tests", "lint", "typecheck"]
+
+
+def _in_place(session: nox.Session) -> bool:
+    return isinstance(session.virtualenv, nox.virtualenv.PassthroughEnv)
+
+
+def _python(session: nox.Session) -> str:
+    """The interpreter to run: this one in --no-venv mode, the session's otherwise."""
+    return sys.executable if _in_place(session) else "python"
+
+
+def _install(session: nox.Session, *args: str) -> None:
+    if not _in_place(session):
+        session.install(*args)
+
+
+@nox.session
+@nox.parametrize("package", [*PACKAGES, "integration"])
+def tests(session: nox.Session, package: str) -> None:
+    """Run one package's tests (``integration``: the cross-package tests in tests/)."""
+    _install(session, TORCH)
+    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]")
+    path = "tests/integration" if package == "integration" else f"packages/{package}/tests"
+    # Exit code 5 means "no tests collected": fine for a package whose tests are still to come.
+    session.run(_python(session), "-m", "pytest", path, "-p", "engine.testing",
+                *session.posargs, success_codes=[0, 5], external=True)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """Ruff over every package, tests, benchmarks and this file."""
+    _install(session, "ruff")
+    session.run(_python(session), "-m", "ruff", "check", "packages", "tests", "benchmarks",
+                "noxfile.py", external=True)
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """Mypy: strict on the SDK, default strictness elsewhere."""
+    _install(session, TORCH)
+    _install(session, "mypy", *EDITABLE)
+    session.run(_python(session), "-m", "mypy", "packages/plugin-sdk/src/engine/sdk",
+                "packages/engine-core/src/engine/core", "packages/server/src/engine/server",
+                external=True)

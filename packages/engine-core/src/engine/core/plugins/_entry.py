@@ -1,0 +1,52 @@
+"""``PluginEntry``: one discovered entry point, with the distribution that provides it."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+#: Distributions whose entries are the engine's own built-ins: always available, whatever
+#: the allowlist says (the allowlist governs what *other* distributions may add).
+BUILTIN_DISTRIBUTIONS = frozenset({"engine-core", "engine-server"})
+
+
+def normalize_dist_name(name: str) -> str:
+    """PEP 503 normalisation: ``Engine_Test.Plugin`` -> ``engine-test-plugin``."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+@dataclass(frozen=True)
+class PluginEntry:
+    """An entry point in one of the engine's groups, not yet imported.
+
+    Attributes:
+        group: The entry-point group (``engine.logits_processors``, ...).
+        name: The entry-point name.
+        value: ``module:attr`` it points to.
+        distribution: Normalised name of the installed distribution providing it, or None
+            for a plugin given directly as ``module:Class``.
+        version: That distribution's version.
+    """
+
+    group: str
+    name: str
+    value: str
+    distribution: str | None
+    version: str | None
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """``(group, name)``: what must be unique across distributions."""
+        return (self.group, self.name)
+
+    @property
+    def is_builtin(self) -> bool:
+        """True for the engine's own entries."""
+        return self.distribution in BUILTIN_DISTRIBUTIONS
+
+    @property
+    def provider(self) -> str:
+        """``"dist version"`` for messages, or a note that it is not from a distribution."""
+        if self.distribution is None:
+            return "no distribution (given as module:Class)"
+        return f"{self.distribution} {self.version}" if self.version else self.distribution

@@ -1,0 +1,1 @@
+"""engine.kernels: Triton kernels with torch references, a first-party plugin package."""

@@ -1,0 +1,102 @@
+"""engine.sdk: the plugin SDK (contract v1).
+
+Plugin authors import from here. Nothing in this package imports torch at import time
+(``engine.sdk.ops`` excepted, which subclasses ``torch.nn.Module``).
+"""
+
+from engine.sdk import groups
+from engine.sdk._version import SDK_MAJOR, __version__
+from engine.sdk.context import PluginContext
+from engine.sdk.endpoint import EndpointPlugin
+from engine.sdk.errors import EngineSDKError, PluginError, UnsupportedError, ValidationError
+from engine.sdk.io_processor import (
+    GenerationResult,
+    IOProcessor,
+    IOProcessorContext,
+    ProcessedPrompt,
+)
+from engine.sdk.model import ModelContext, ModelInterface
+from engine.sdk.platform import Platform, PlatformConfig, PlatformInfo
+from engine.sdk.plugin import Plugin, PluginOptions, check_contract_version
+from engine.sdk.sampling_params import SamplingParams
+from engine.sdk.scheduler import (
+    CachedRequestData,
+    EngineCoreOutput,
+    EngineRequest,
+    ModelRunnerOutput,
+    NewRequestData,
+    RequestStatus,
+    RequestView,
+    SampleLogprobs,
+    SchedulerContext,
+    SchedulerInterface,
+    SchedulerOutput,
+)
+from engine.sdk.scheduling_policy import (
+    SchedulerState,
+    SchedulingPolicy,
+    SchedulingPolicyContext,
+)
+from engine.sdk.stat_logger import StatLogger, StatLoggerContext
+from engine.sdk.stats import (
+    FinishedRequestStats,
+    IterationStats,
+    PrefixCacheStats,
+    SchedulerStats,
+)
+from engine.sdk.support import Support
+from engine.sdk.worker_extension import WorkerExtension
+
+__all__ = [
+    "__version__",
+    "SDK_MAJOR",
+    "groups",
+    # base
+    "Plugin",
+    "PluginOptions",
+    "PluginContext",
+    "Support",
+    "check_contract_version",
+    # errors
+    "EngineSDKError",
+    "PluginError",
+    "UnsupportedError",
+    "ValidationError",
+    # requests and scheduling
+    "SamplingParams",
+    "EngineRequest",
+    "RequestStatus",
+    "RequestView",
+    "NewRequestData",
+    "CachedRequestData",
+    "SchedulerOutput",
+    "SampleLogprobs",
+    "ModelRunnerOutput",
+    "EngineCoreOutput",
+    "SchedulerContext",
+    "SchedulerInterface",
+    "SchedulingPolicy",
+    "SchedulingPolicyContext",
+    "SchedulerState",
+    # platform
+    "Platform",
+    "PlatformConfig",
+    "PlatformInfo",
+    # stats
+    "StatLogger",
+    "StatLoggerContext",
+    "SchedulerStats",
+    "IterationStats",
+    "FinishedRequestStats",
+    "PrefixCacheStats",
+    # front end
+    "EndpointPlugin",
+    "IOProcessor",
+    "IOProcessorContext",
+    "ProcessedPrompt",
+    "GenerationResult",
+    # workers and models
+    "WorkerExtension",
+    "ModelInterface",
+    "ModelContext",
+]

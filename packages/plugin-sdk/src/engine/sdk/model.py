@@ -1,0 +1,77 @@
+"""``ModelInterface``: what a model class must provide to be served.
+
+A model plugin publishes its class in ``engine.models`` under the Hugging Face architecture
+name it implements (the ``architectures`` entry of ``config.json``, e.g.
+``"LlamaForCausalLM"``). The class is usually also a ``torch.nn.Module``::
+
+    class MyForCausalLM(torch.nn.Module, ModelInterface):
+        def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
+            torch.nn.Module.__init__(self)
+            ...
+
+.. versionadded:: 1.0
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from engine.sdk.context import PluginContext
+from engine.sdk.plugin import Plugin
+
+if TYPE_CHECKING:
+    import torch
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelContext(PluginContext):
+    """What a model is built from.
+
+    Attributes:
+        hf_config: The checkpoint's configuration (a ``transformers.PretrainedConfig`` or an
+            object with the same attributes).
+        dtype: Parameter and activation dtype (``"bfloat16"``, ``"float32"``, ...).
+        quant_config: The selected ``QuantizationConfig`` instance, or None.
+        layers: The engine's layer factory (``Linear``, ``Attention``, ...) for this model,
+            so a model plugin builds layers that honour quantization and attention plugins.
+
+    .. versionadded:: 1.0
+    """
+
+    hf_config: Any
+    dtype: str = "float32"
+    quant_config: Any = None
+    layers: Any = None
+
+
+class ModelInterface(Plugin, ABC):
+    """The methods the model runner calls.
+
+    Called: in each worker; ``forward`` and ``compute_logits`` once per step.
+
+    .. versionadded:: 1.0
+    """
+
+    @abstractmethod
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
+    ) -> torch.Tensor:
+        """Hidden states ``[num_tokens, hidden]`` for the flattened tokens of the step.
+
+        Args:
+            input_ids: ``[num_tokens]`` int64 token ids of all scheduled requests, concatenated.
+            positions: ``[num_tokens]`` int64 positions of those tokens in their sequences.
+            attn_metadata: The attention backend's metadata for this step; pass it to every
+                attention layer unchanged.
+        """
+
+    @abstractmethod
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """Logits ``[rows, vocab]`` (float32) for the given hidden-state rows."""
+
+    @abstractmethod
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint tensors (name in the checkpoint's naming). Returns the names used."""

@@ -1,0 +1,1 @@
+"""The engine's OpenAI-compatible server and its ``engine`` command line."""

@@ -1,0 +1,141 @@
+"""``engine plugins list|check``: show the plugin catalog, and validate plugins offline."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from engine.core.plugins import Allowlist, CatalogRow, PluginCatalog, load_entry
+from engine.sdk.errors import PluginError, ValidationError
+from engine.sdk.groups import GROUPS
+
+
+def add_parser(commands: Any) -> None:
+    """Register ``plugins`` and its subcommands."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--plugins", default=None, metavar="ALLOWLIST",
+        help="allowlist overriding ENGINE_PLUGINS: 'none', or comma-separated distribution "
+             "names and group:name entries",
+    )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
+    parser = commands.add_parser("plugins", help="inspect installed plugins")
+    sub = parser.add_subparsers(dest="plugins_command", metavar="SUBCOMMAND")
+    sub.required = True
+    lister = sub.add_parser(
+        "list", parents=[common], help="list every plugin entry point and whether it is allowed"
+    )
+    lister.set_defaults(handler=run_list)
+    checker = sub.add_parser(
+        "check", parents=[common],
+        help="import and validate plugins without starting an engine (exit 1 on any failure)",
+    )
+    checker.add_argument(
+        "name", nargs="?", default=None,
+        help="only this plugin: an entry name, group:name, or a distribution name",
+    )
+    checker.set_defaults(handler=run_check)
+
+
+def _catalog(args: argparse.Namespace) -> PluginCatalog | None:
+    try:
+        return PluginCatalog.discover(Allowlist.from_env(args.plugins))
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _row_dict(row: CatalogRow) -> dict[str, Any]:
+    entry = row.entry
+    spec = GROUPS[entry.group]
+    return {
+        "group": entry.group,
+        "name": entry.name,
+        "value": entry.value,
+        "distribution": entry.distribution,
+        "version": entry.version,
+        "allowed": row.decision.allowed,
+        "reason": row.decision.reason,
+        "processes": list(spec.processes),
+        "conflicts": [f"{e.distribution} {e.version}" for e in row.conflicts_with],
+    }
+
+
+def run_list(args: argparse.Namespace) -> int:
+    """``engine plugins list``."""
+    catalog = _catalog(args)
+    if catalog is None:
+        return 2
+    rows = [_row_dict(row) for row in catalog.rows()]
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    if not rows:
+        print("No plugins installed.")
+        return 0
+    for group in GROUPS:
+        group_rows = [r for r in rows if r["group"] == group]
+        if not group_rows:
+            continue
+        print(f"{group}  (loaded in: {', '.join(GROUPS[group].processes)})")
+        for r in group_rows:
+            status = "allowed" if r["allowed"] else "skipped"
+            line = (f"  {r['name']:<28} {r['value']:<52} {r['distribution']} {r['version']}"
+                    f"  [{status}: {r['reason']}]")
+            if r["conflicts"]:
+                line += f"  CONFLICT with {', '.join(r['conflicts'])}"
+            print(line)
+    return 0
+
+
+def _matches(row: CatalogRow, name: str) -> bool:
+    entry = row.entry
+    return name in (entry.name, f"{entry.group}:{entry.name}", entry.distribution)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    """``engine plugins check [NAME]``."""
+    catalog = _catalog(args)
+    if catalog is None:
+        return 2
+    rows = catalog.rows()
+    if args.name is not None:
+        rows = [row for row in rows if _matches(row, args.name)]
+        if not rows:
+            print(f"error: no installed plugin matches {args.name!r}; see `engine plugins list`",
+                  file=sys.stderr)
+            return 2
+    else:
+        rows = [row for row in rows if row.decision.allowed]
+    results = []
+    for row in rows:
+        entry = row.entry
+        error = None
+        if row.conflicts_with:
+            others = " and ".join(e.provider for e in (entry, *row.conflicts_with))
+            error = str(PluginError(
+                f"two distributions provide {entry.name!r}: {others}",
+                plugin=entry.name, group=entry.group, distribution=entry.distribution,
+                version=entry.version,
+            ))
+        else:
+            try:
+                load_entry(entry)
+            except PluginError as exc:
+                error = str(exc)
+        results.append({
+            "group": entry.group, "name": entry.name, "distribution": entry.distribution,
+            "version": entry.version, "allowed": row.decision.allowed,
+            "ok": error is None, "error": error,
+        })
+    if args.json:
+        print(json.dumps(results, indent=2))
+    else:
+        for r in results:
+            head = f"{r['group']}:{r['name']} ({r['distribution']} {r['version']})"
+            print(f"OK    {head}" if r["ok"] else f"FAIL  {r['error']}")
+        failed = sum(not r["ok"] for r in results)
+        print(f"{len(results) - failed} ok, {failed} failed")
+    return 1 if any(not r["ok"] for r in results) else 0

@@ -1,0 +1,1 @@
+"""A distribution whose plugin module cannot be imported."""

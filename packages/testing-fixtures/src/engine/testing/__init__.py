@@ -1,0 +1,5 @@
+"""engine.testing: pytest plugin (``pytest -p engine.testing``), fixtures, contract suites."""
+
+from engine.testing.fixtures import plugins_on_path, test_plugins_dir
+
+__all__ = ["plugins_on_path", "test_plugins_dir"]

