@@ -114,7 +114,7 @@ def test_endpoints_are_opt_in(plugins_on_path: Path) -> None:
     decision = default.decision(echo)
     assert not decision.allowed and "opt-in" in decision.reason
     named = catalog("endpoints:test_good_echo")
-    assert named.decision([e for e in named.entries if e.group == ENDPOINTS][0]).allowed
+    assert named.decision(next(e for e in named.entries if e.group == ENDPOINTS)).allowed
     # Named by group:name, only that entry is allowed: the rest of its distribution is not.
     assert named.allowed(LOGITS_PROCESSORS) == []
 

@@ -131,9 +131,10 @@ class SamplingParams:
             _require(self.min_tokens <= self.max_tokens, "min_tokens",
                      f"must be <= max_tokens ({self.max_tokens}), got {self.min_tokens}")
         _require(all(isinstance(s, str) and s for s in self.stop), "stop",
-                 f"must be a non-empty string or a list of non-empty strings, got {self.stop!r}")
+                 "must be a non-empty string or a list of non-empty strings, got "
+                 f"{list(self.stop)!r}")
         _require(all(_is_int(t) and t >= 0 for t in self.stop_token_ids), "stop_token_ids",
-                 f"must be a list of token ids (integers >= 0), got {self.stop_token_ids!r}")
+                 f"must be a list of token ids (integers >= 0), got {list(self.stop_token_ids)!r}")
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(self, name)
             _require(value is None or (_is_int(value) and value >= 0), name,

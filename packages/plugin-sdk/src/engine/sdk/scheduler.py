@@ -100,25 +100,35 @@ class RequestView(Protocol):
     """
 
     @property
-    def request_id(self) -> str: ...
+    def request_id(self) -> str:
+        """Unique id."""
     @property
-    def prompt_token_ids(self) -> Sequence[int]: ...
+    def prompt_token_ids(self) -> Sequence[int]:
+        """The prompt."""
     @property
-    def output_token_ids(self) -> Sequence[int]: ...
+    def output_token_ids(self) -> Sequence[int]:
+        """Tokens generated so far (grows every step)."""
     @property
-    def num_prompt_tokens(self) -> int: ...
+    def num_prompt_tokens(self) -> int:
+        """Prompt length."""
     @property
-    def num_tokens(self) -> int: ...
+    def num_tokens(self) -> int:
+        """Prompt plus output length."""
     @property
-    def num_computed_tokens(self) -> int: ...
+    def num_computed_tokens(self) -> int:
+        """Tokens whose KV is in the cache."""
     @property
-    def sampling_params(self) -> SamplingParams: ...
+    def sampling_params(self) -> SamplingParams:
+        """How the request samples."""
     @property
-    def priority(self) -> int: ...
+    def priority(self) -> int:
+        """Lower is more urgent (``priority`` policy)."""
     @property
-    def arrival_time(self) -> float: ...
+    def arrival_time(self) -> float:
+        """``time.time()`` at arrival in the front end."""
     @property
-    def status(self) -> RequestStatus: ...
+    def status(self) -> RequestStatus:
+        """Where the request is in its life."""
 
 
 @dataclass(frozen=True)

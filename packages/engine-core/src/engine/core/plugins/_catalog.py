@@ -173,7 +173,7 @@ class PluginCatalog:
             entry = self.resolve(GENERAL_PLUGINS, name)
             try:
                 func()
-            except Exception as exc:  # noqa: BLE001 - reported with the plugin's identity
+            except Exception as exc:
                 raise plugin_error(
                     entry, f"calling {entry.value}() raised {type(exc).__name__}: {exc}"
                 ) from exc

@@ -125,7 +125,7 @@ def load_entry(entry: PluginEntry) -> Any:
     check_sdk_requirement(entry)
     try:
         obj = import_object(entry.value)
-    except Exception as exc:  # noqa: BLE001 - any failure of plugin code is reported the same way
+    except Exception as exc:
         raise plugin_error(
             entry, f"importing {entry.value} failed: {type(exc).__name__}: {exc}"
         ) from exc

@@ -8,8 +8,8 @@ import sys
 from collections.abc import Sequence
 
 from engine.core import __version__
-from engine.server.cli import _plugins
 from engine.sdk._version import __version__ as sdk_version
+from engine.server.cli import _plugins
 
 
 def build_parser() -> argparse.ArgumentParser:
