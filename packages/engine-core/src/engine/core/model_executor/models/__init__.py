@@ -1,0 +1,1 @@
+"""Built-in models, registered as ``engine.models`` entry points of engine-core."""

@@ -1,0 +1,211 @@
+"""The Llama family: Llama 2/3 (incl. llama3 rope scaling), Mistral, Qwen2, via config switches.
+
+Switches read from the Hugging Face config:
+
+* ``num_key_value_heads`` < ``num_attention_heads``: grouped-query attention;
+* ``attention_bias`` (Llama) or the Qwen2 architecture: bias on q, k, v;
+* ``tie_word_embeddings``: the LM head reuses the embedding table;
+* ``rope_parameters`` / ``rope_scaling``: see ``layers.rope``;
+* ``head_dim``: when it is not ``hidden_size / num_attention_heads`` (Mistral variants);
+* ``sliding_window`` (Mistral, when ``use_sliding_window`` is not False).
+
+Layers come from the ``LayerFactory`` in the model context, so quantization, attention
+backends and custom ops apply. q/k/v and gate/up are fused into one matmul each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.core.model_executor.layers.factory import LayerFactory
+from engine.core.model_executor.layers.linear import copy_into_parameter
+from engine.core.model_executor.layers.rope import rope_parameters
+from engine.sdk.model import ModelContext, ModelInterface
+
+#: Checkpoint names folded into fused layers: (fused name, checkpoint name, shard index).
+STACKED_PARAMS = (
+    ("qkv_proj", "q_proj", 0),
+    ("qkv_proj", "k_proj", 1),
+    ("qkv_proj", "v_proj", 2),
+    ("gate_up_proj", "gate_proj", 0),
+    ("gate_up_proj", "up_proj", 1),
+)
+
+
+def _head_dim(config: Any) -> int:
+    head_dim = getattr(config, "head_dim", None)
+    return int(head_dim) if head_dim else config.hidden_size // config.num_attention_heads
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str, qkv_bias: bool) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        self.head_dim = _head_dim(config)
+        self.q_size = self.num_heads * self.head_dim
+        self.kv_size = self.num_kv_heads * self.head_dim
+        self.qkv_proj = layers.linear(
+            f"{prefix}.qkv_proj", config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
+            bias=qkv_bias,
+        )
+        self.o_proj = layers.linear(f"{prefix}.o_proj", self.q_size, (config.hidden_size,),
+                                    bias=bool(getattr(config, "attention_bias", False)))
+        self.rotary_emb = layers.rotary_embedding(
+            self.head_dim, self.head_dim, config.max_position_embeddings, rope_parameters(config),
+        )
+        window = getattr(config, "sliding_window", None)
+        if getattr(config, "use_sliding_window", True) is False:
+            window = None
+        self.attn = layers.attention(
+            f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_size=self.head_dim, scale=self.head_dim**-0.5, sliding_window=window,
+        )
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: Any) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        num_tokens = hidden.shape[0]
+        q, k = self.rotary_emb(
+            positions,
+            q.reshape(num_tokens, self.num_heads, self.head_dim),
+            k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
+        )
+        out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
+                        v.contiguous(), metadata)
+        return self.o_proj(out)
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise ValueError(f"{prefix}: hidden_act {act!r} is not supported; supported: silu")
+        bias = bool(getattr(config, "mlp_bias", False))
+        size = config.intermediate_size
+        self.gate_up_proj = layers.linear(f"{prefix}.gate_up_proj", config.hidden_size,
+                                          (size, size), bias=bias)
+        self.down_proj = layers.linear(f"{prefix}.down_proj", size, (config.hidden_size,),
+                                       bias=bias)
+        self.act = layers.silu_and_mul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str, qkv_bias: bool) -> None:
+        super().__init__()
+        eps = config.rms_norm_eps
+        self.input_layernorm = layers.rms_norm(config.hidden_size, eps)
+        self.self_attn = LlamaAttention(config, layers, f"{prefix}.self_attn", qkv_bias)
+        self.post_attention_layernorm = layers.rms_norm(config.hidden_size, eps)
+        self.mlp = LlamaMLP(config, layers, f"{prefix}.mlp")
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+        metadata: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden, metadata)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module, ModelInterface):
+    """Llama-family decoder (see the module docstring for the config switches)."""
+
+    #: Whether q/k/v carry a bias regardless of ``attention_bias`` (Qwen2 sets True).
+    qkv_bias_default = False
+
+    def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
+        nn.Module.__init__(self)
+        config = ctx.hf_config
+        layers: LayerFactory = ctx.layers
+        self.config = config
+        qkv_bias = self.qkv_bias_default or bool(getattr(config, "attention_bias", False))
+        self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
+                                             config.hidden_size)
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, layers, f"model.layers.{i}", qkv_bias)
+            for i in range(config.num_hidden_layers)
+        )
+        self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.lm_head = None if self.tie_word_embeddings else layers.linear(
+            "lm_head", config.hidden_size, (config.vocab_size,), kind="lm_head")
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
+    ) -> torch.Tensor:
+        hidden = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden, residual = layer(positions, hidden, residual, attn_metadata)
+        hidden, _ = self.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if self.lm_head is None:
+            logits = torch.nn.functional.linear(hidden_states, self.embed_tokens.weight)
+        else:
+            logits = self.lm_head(hidden_states)
+        return logits.float()
+
+    def _module_for(self, name: str) -> tuple[nn.Module, str, int | None] | None:
+        """Map a checkpoint tensor name to (module, parameter name, shard)."""
+        module_path, _, param_name = name.rpartition(".")
+        shard = None
+        for fused, original, index in STACKED_PARAMS:
+            if module_path.endswith(f".{original}"):
+                module_path = module_path[: -len(original)] + fused
+                shard = index
+                break
+        path = module_path.removeprefix("model.") if module_path.startswith("model.") else (
+            module_path)
+        try:
+            module = self.get_submodule(path)
+        except AttributeError:
+            return None
+        return module, param_name, shard
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        loaded: set[str] = set()
+        for name, tensor in weights:
+            if "rotary_emb.inv_freq" in name:
+                continue
+            if name == "lm_head.weight" and self.lm_head is None:
+                continue  # tied: the embedding table is the head
+            target = self._module_for(name)
+            if target is None:
+                raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
+                                 f"{type(self).__name__}")
+            module, param_name, shard = target
+            if hasattr(module, "load_weight"):
+                module.load_weight(param_name, tensor, shard)
+            else:
+                copy_into_parameter(module, param_name, tensor, name)
+            loaded.add(name)
+        for module in self.modules():
+            if hasattr(module, "process_weights_after_loading"):
+                module.process_weights_after_loading()
+        return loaded
+
+
+class MistralForCausalLM(LlamaForCausalLM):
+    """Mistral: Llama with a sliding window (when configured)."""
+
+
+class Qwen2ForCausalLM(LlamaForCausalLM):
+    """Qwen2: Llama with a bias on q, k and v."""
+
+    qkv_bias_default = True

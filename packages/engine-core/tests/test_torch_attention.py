@@ -1,0 +1,102 @@
+"""The torch attention backend against a per-request reference, on mixed batches."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from engine.core.attention import TorchAttentionBackend
+from engine.sdk.attention import (
+    AttentionContext,
+    AttentionImplParams,
+    AttentionSpec,
+    CommonAttentionMetadata,
+)
+
+BLOCK = 4
+HEADS, KV_HEADS, D = 4, 2, 8
+
+
+def reference(q, k_ctx, v_ctx, start, scale, window):
+    """Attention of queries at positions start.. over keys 0..pos (per request, naive)."""
+    out = []
+    groups = HEADS // KV_HEADS
+    for i in range(q.shape[0]):
+        pos = start + i
+        lo = 0 if window is None else max(0, pos - window + 1)
+        k = k_ctx[lo:pos + 1].repeat_interleave(groups, dim=1)  # [n, H, D]
+        v = v_ctx[lo:pos + 1].repeat_interleave(groups, dim=1)
+        scores = torch.einsum("hd,nhd->hn", q[i].float(), k.float()) * scale
+        out.append(torch.einsum("hn,nhd->hd", scores.softmax(-1), v.float()))
+    return torch.stack(out)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mixed_prefill_decode_batch_matches_reference(window, dtype) -> None:
+    gen = torch.Generator().manual_seed(0)
+    # (cached tokens, new tokens) per request: decodes, chunks with a prefix, full prompts
+    reqs = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 1), (3, 2), (20, 1), (0, 30)]
+    num_blocks = 64
+    spec = AttentionSpec(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=D,
+                         dtype=str(dtype).split(".")[1], kv_cache_dtype=str(dtype).split(".")[1],
+                         block_size=BLOCK, sliding_window=window)
+    shape = TorchAttentionBackend.get_kv_cache_shape(num_blocks, BLOCK, KV_HEADS, D)
+    cache = torch.zeros(shape, dtype=dtype)
+    free = list(range(1, num_blocks))
+    perm = torch.randperm(len(free), generator=gen).tolist()
+    free = [free[i] for i in perm]
+    contexts, block_rows, slots, queries, keys, values = [], [], [], [], [], []
+    max_blocks = max(math.ceil((c + n) / BLOCK) for c, n in reqs)
+    for cached, new in reqs:
+        total = cached + new
+        blocks = [free.pop() for _ in range(math.ceil(total / BLOCK))]
+        k_all = torch.randn(total, KV_HEADS, D, generator=gen).to(dtype)
+        v_all = torch.randn(total, KV_HEADS, D, generator=gen).to(dtype)
+        for p in range(cached):  # the prefix is already in the cache
+            cache[0, blocks[p // BLOCK], p % BLOCK] = k_all[p]
+            cache[1, blocks[p // BLOCK], p % BLOCK] = v_all[p]
+        slots += [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(cached, total)]
+        queries.append(torch.randn(new, HEADS, D, generator=gen).to(dtype))
+        keys.append(k_all[cached:])
+        values.append(v_all[cached:])
+        contexts.append((k_all, v_all, cached))
+        block_rows.append(blocks + [0] * (max_blocks - len(blocks)))
+    qlens = torch.tensor([n for _, n in reqs], dtype=torch.int32)
+    qsl = torch.cat([torch.zeros(1, dtype=torch.int32), qlens.cumsum(0).to(torch.int32)])
+    seq_lens = torch.tensor([c + n for c, n in reqs], dtype=torch.int32)
+    common = CommonAttentionMetadata(
+        query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
+        block_table=torch.tensor(block_rows, dtype=torch.int32),
+        slot_mapping=torch.tensor(slots, dtype=torch.int64), num_reqs=len(reqs),
+        num_actual_tokens=int(qsl[-1]), max_query_len=int(qlens.max()),
+        max_seq_len=int(seq_lens.max()),
+    )
+    ctx = AttentionContext(spec=spec, layer_names=("l0",), device="cpu", max_num_reqs=16,
+                           max_num_batched_tokens=256, max_model_len=64)
+    metadata = TorchAttentionBackend.get_builder_cls()(ctx).build(common)
+    scale = D**-0.5
+    impl = TorchAttentionBackend.get_impl_cls()(
+        AttentionImplParams(spec=spec, layer_name="l0", scale=scale))
+    q, k, v = torch.cat(queries), torch.cat(keys), torch.cat(values)
+    out = torch.full_like(q, float("nan"))
+    impl.forward(q, k, v, cache, metadata, out)
+    tol = 1e-5 if dtype == torch.float32 else 3e-2
+    for i, (k_all, v_all, cached) in enumerate(contexts):
+        lo, hi = int(qsl[i]), int(qsl[i + 1])
+        expected = reference(q[lo:hi], k_all, v_all, cached, scale, window)
+        torch.testing.assert_close(out[lo:hi].float(), expected, atol=tol, rtol=tol)
+    # The new keys/values landed in their slots.
+    flat_k = cache[0].view(-1, KV_HEADS, D)
+    torch.testing.assert_close(flat_k[torch.tensor(slots)], k)
+
+
+def test_supports_reports_reasons() -> None:
+    ok = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=8, dtype="float32",
+                       kv_cache_dtype="float32", block_size=16)
+    assert TorchAttentionBackend.supports(ok).ok
+    bad = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=8, dtype="float32",
+                        kv_cache_dtype="bfloat16", block_size=16)
+    assert "kv_cache_dtype" in TorchAttentionBackend.supports(bad).reason

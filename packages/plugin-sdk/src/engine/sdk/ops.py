@@ -1,0 +1,366 @@
+"""Custom ops: model building blocks with a reference implementation and per-platform ones.
+
+A :class:`CustomOp` is a ``torch.nn.Module`` whose ``forward`` dispatches, once at
+construction, to one of:
+
+* ``forward_native``: the reference semantics in plain torch; required, and the
+  definition every other implementation is checked against;
+* ``forward_cuda`` / ``forward_cpu``: faster paths for those device types;
+* ``forward_oot``: the path for any other (out-of-tree) device type.
+
+The non-native methods default to ``forward_native``. The dispatch key is the
+constructor's ``dispatch_key``: ``"native"`` (the reference; the default), ``"cpu"``,
+``"cuda"``, or any other device type (``"npu"``, ``"xpu"``, ...), which selects
+``forward_oot``. The engine passes the platform's device type for ops enabled with
+``--custom-ops +name`` (or enabled by default on the platform) and ``"native"`` for ops
+disabled with ``-name``.
+
+Replacing an op: publish a subclass of its contract class (e.g. :class:`RMSNormOp`) in
+``engine.custom_ops`` under the op's :attr:`~CustomOp.name`, overriding the forward
+methods for your device. The engine builds the model's ops from the registered class, so
+nothing is monkey-patched and model code is unchanged::
+
+    [project.entry-points."engine.custom_ops"]
+    rms_norm = "my_npu_plugin.ops:NPURMSNorm"
+
+:func:`check_replacement` is what the engine checks the class with. Built-in contracts:
+:data:`BUILTIN_OPS`. Replacements may work in place; compare them with the reference on
+cloned inputs.
+
+.. versionadded:: 1.0
+"""
+
+from __future__ import annotations
+
+import inspect
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
+from typing import Any, ClassVar, overload
+
+import torch
+import torch.nn.functional as F
+
+from engine.sdk.plugin import Plugin
+from engine.sdk.support import Support
+
+#: Dispatch key that selects ``forward_native`` whatever the device.
+NATIVE = "native"
+
+_METHOD_BY_KEY = {NATIVE: "forward_native", "cpu": "forward_cpu", "cuda": "forward_cuda"}
+
+
+class CustomOp(Plugin, torch.nn.Module, ABC):
+    """Base of every custom op: a module with per-platform forward implementations.
+
+    Called: constructed in the worker while the model is built (through the class the
+    engine resolved for :attr:`name`); ``forward`` on every use in the model's forward.
+
+    Attributes:
+        name: The op's name (``"rms_norm"``, ...), the entry-point name in
+            ``engine.custom_ops`` a replacement is registered under.
+        dispatch_key: The key this instance was built with.
+
+    .. versionadded:: 1.0
+    """
+
+    name: ClassVar[str] = ""
+
+    def __init__(self, *, dispatch_key: str = NATIVE) -> None:
+        """Choose the forward implementation for ``dispatch_key``, once.
+
+        Args:
+            dispatch_key: ``"native"``, ``"cpu"``, ``"cuda"``, or another device type
+                (selects ``forward_oot``).
+        """
+        super().__init__()
+        self.dispatch_key = dispatch_key
+        method = _METHOD_BY_KEY.get(dispatch_key, "forward_oot")
+        self._forward_impl: Callable[..., Any] = getattr(self, method)
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the implementation chosen at construction (see the subclass's contract)."""
+        return self._forward_impl(*args, **kwargs)
+
+    @abstractmethod
+    def forward_native(self, *args: Any, **kwargs: Any) -> Any:
+        """The reference semantics, in plain torch, on any device.
+
+        Must: be exact enough to serve as the test oracle for every other implementation.
+        """
+        raise NotImplementedError
+
+    def forward_cuda(self, *args: Any, **kwargs: Any) -> Any:
+        """The CUDA path. Default: ``forward_native``."""
+        return self.forward_native(*args, **kwargs)
+
+    def forward_cpu(self, *args: Any, **kwargs: Any) -> Any:
+        """The CPU path. Default: ``forward_native``."""
+        return self.forward_native(*args, **kwargs)
+
+    def forward_oot(self, *args: Any, **kwargs: Any) -> Any:
+        """The path for out-of-tree device types. Default: ``forward_native``."""
+        return self.forward_native(*args, **kwargs)
+
+
+class RMSNormOp(CustomOp):
+    """``rms_norm``: RMS normalisation with a learned scale, optionally fused with a residual add.
+
+    Call: ``op(x)`` -> ``y``; ``op(x, residual)`` -> ``(y, new_residual)``.
+
+    Reference semantics (``forward_native``), with ``d = x.dtype``::
+
+        h = x.float()                                   # residual given:
+        h = h + residual.float(); new_residual = h.to(d)
+        y = (h * rsqrt(mean(h ** 2, -1) + eps)).to(d) * weight
+
+    Shapes: ``x`` and ``residual`` ``[..., hidden_size]`` of one dtype; outputs the same.
+    Replacements may overwrite ``x`` and ``residual`` in place (fused kernels do); callers
+    must not reuse them after the call.
+
+    Attributes:
+        weight: ``[hidden_size]`` parameter (initialised to ones).
+        eps: Added to the mean square.
+
+    .. versionadded:: 1.0
+    """
+
+    name: ClassVar[str] = "rms_norm"
+
+    def __init__(
+        self,
+        hidden_size: int,
+        eps: float = 1e-6,
+        *,
+        dtype: torch.dtype | None = None,
+        dispatch_key: str = NATIVE,
+    ) -> None:
+        """Create the weight.
+
+        Args:
+            hidden_size: Size of the normalised (last) dimension.
+            eps: Added to the mean square before the reciprocal square root.
+            dtype: Dtype of ``weight`` (default: torch's default dtype).
+            dispatch_key: See :class:`CustomOp`.
+        """
+        super().__init__(dispatch_key=dispatch_key)
+        self.hidden_size = hidden_size
+        self.eps = eps
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=dtype))
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+    @overload
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+    def forward(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Normalise ``x`` (after adding ``residual``, if given); see the class docstring."""
+        result: torch.Tensor | tuple[torch.Tensor, torch.Tensor] = self._forward_impl(
+            x, residual
+        )
+        return result
+
+    def forward_native(
+        self, x: torch.Tensor, residual: torch.Tensor | None = None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Reference RMSNorm (see the class docstring); computes in float32."""
+        orig_dtype = x.dtype
+        h = x.to(torch.float32)
+        if residual is not None:
+            h = h + residual.to(torch.float32)
+            residual = h.to(orig_dtype)
+        variance = h.pow(2).mean(dim=-1, keepdim=True)
+        y = (h * torch.rsqrt(variance + self.eps)).to(orig_dtype) * self.weight
+        return y if residual is None else (y, residual)
+
+
+class RotaryEmbeddingOp(CustomOp):
+    """``rotary_embedding``: rotate queries and keys by their positions (RoPE).
+
+    Call: ``op(positions, query, key)`` -> ``(query, key)``.
+
+    Shapes: ``positions`` ``[num_tokens]`` int64; ``query`` ``[num_tokens, num_heads,
+    head_size]``; ``key`` ``[num_tokens, num_kv_heads, head_size]``; outputs have the
+    inputs' shapes and dtypes. Only the first ``rotary_dim`` elements of each head rotate;
+    the rest pass through unchanged.
+
+    Reference semantics (``forward_native``), computed in float32 and cast back, with
+    ``cos, sin = cos_sin_cache[positions].chunk(2, -1)`` (each ``[num_tokens, r/2]``,
+    ``r = rotary_dim``) broadcast over heads:
+
+    * NeoX style (``is_neox_style=True``): ``x1, x2 = x[..., :r/2], x[..., r/2:r]``;
+      result ``cat(x1*cos - x2*sin, x2*cos + x1*sin)``.
+    * GPT-J style: ``x1, x2 = x[..., 0:r:2], x[..., 1:r:2]``; results interleaved back
+      into the even and odd positions.
+
+    Rope scaling (linear, NTK, Llama 3, YaRN, ...) is the engine's business: it only
+    changes the cache, which the constructor takes precomputed (see
+    :meth:`default_cos_sin_cache`). Replacements may rotate ``query`` and ``key`` in place.
+
+    Attributes:
+        cos_sin_cache: ``[max_position, rotary_dim]`` non-persistent buffer: cosines in
+            the first half of the last dimension, sines in the second.
+
+    .. versionadded:: 1.0
+    """
+
+    name: ClassVar[str] = "rotary_embedding"
+
+    def __init__(
+        self,
+        head_size: int,
+        rotary_dim: int,
+        cos_sin_cache: torch.Tensor,
+        is_neox_style: bool = True,
+        *,
+        dispatch_key: str = NATIVE,
+    ) -> None:
+        """Store the geometry and the precomputed cache.
+
+        Args:
+            head_size: Elements per head.
+            rotary_dim: Leading elements of each head that rotate (even, <= head_size).
+            cos_sin_cache: ``[max_position, rotary_dim]`` float tensor, as described above.
+            is_neox_style: NeoX (rotate halves) or GPT-J (rotate pairs) style.
+            dispatch_key: See :class:`CustomOp`.
+
+        Raises:
+            ValueError: ``rotary_dim`` is odd or larger than ``head_size``, or the cache's
+                last dimension is not ``rotary_dim``.
+        """
+        super().__init__(dispatch_key=dispatch_key)
+        if rotary_dim % 2 or not 0 < rotary_dim <= head_size:
+            raise ValueError(f"rotary_dim must be even and in (0, {head_size}], got {rotary_dim}")
+        if cos_sin_cache.dim() != 2 or cos_sin_cache.shape[-1] != rotary_dim:
+            raise ValueError(
+                f"cos_sin_cache must be [max_position, {rotary_dim}], got "
+                f"{tuple(cos_sin_cache.shape)}"
+            )
+        self.head_size = head_size
+        self.rotary_dim = rotary_dim
+        self.is_neox_style = is_neox_style
+        self.cos_sin_cache: torch.Tensor
+        self.register_buffer("cos_sin_cache", cos_sin_cache, persistent=False)
+
+    @staticmethod
+    def default_cos_sin_cache(
+        rotary_dim: int,
+        max_position: int,
+        base: float = 10000.0,
+        *,
+        inv_freq: torch.Tensor | None = None,
+        dtype: torch.dtype = torch.float32,
+    ) -> torch.Tensor:
+        """The standard RoPE cache ``cat(cos(p * f), sin(p * f))`` for ``p < max_position``.
+
+        Args:
+            rotary_dim: Rotating elements per head.
+            max_position: Positions covered.
+            base: Frequency base (``rope_theta``); ignored when ``inv_freq`` is given.
+            inv_freq: ``[rotary_dim / 2]`` frequencies, for scaled variants; default
+                ``base ** -(arange(0, rotary_dim, 2) / rotary_dim)``.
+            dtype: Dtype of the result.
+
+        Returns:
+            ``[max_position, rotary_dim]``.
+        """
+        if inv_freq is None:
+            exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
+            inv_freq = 1.0 / (base**exponents)
+        freqs = torch.outer(torch.arange(max_position, dtype=torch.float32), inv_freq.float())
+        return torch.cat((freqs.cos(), freqs.sin()), dim=-1).to(dtype)
+
+    def forward(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rotate ``query`` and ``key``; see the class docstring."""
+        result: tuple[torch.Tensor, torch.Tensor] = self._forward_impl(positions, query, key)
+        return result
+
+    def forward_native(
+        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Reference rotation (see the class docstring)."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).float().chunk(2, dim=-1)
+        cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # broadcast over heads
+        return self._rotate(query, cos, sin), self._rotate(key, cos, sin)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        r = self.rotary_dim
+        rot, rest = x[..., :r].float(), x[..., r:]
+        if self.is_neox_style:
+            x1, x2 = rot.chunk(2, dim=-1)
+            out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+        else:
+            x1, x2 = rot[..., 0::2], rot[..., 1::2]
+            out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        return torch.cat((out.to(x.dtype), rest), dim=-1)
+
+
+class SiluAndMulOp(CustomOp):
+    """``silu_and_mul``: the gated activation of SwiGLU MLPs.
+
+    Call: ``op(x)`` -> ``y``, with ``x`` ``[..., 2 * d]`` and ``y`` ``[..., d]`` of
+    ``x``'s dtype.
+
+    Reference semantics (``forward_native``), in ``x``'s dtype::
+
+        y = silu(x[..., :d]) * x[..., d:]
+
+    Must: not modify ``x``.
+
+    .. versionadded:: 1.0
+    """
+
+    name: ClassVar[str] = "silu_and_mul"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the gate; see the class docstring."""
+        result: torch.Tensor = self._forward_impl(x)
+        return result
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """Reference SiLU-and-mul (see the class docstring)."""
+        d = x.shape[-1] // 2
+        return F.silu(x[..., :d]) * x[..., d:]
+
+
+#: The built-in op contracts by name: a replacement registered under one of these names
+#: must subclass the class given here.
+BUILTIN_OPS: Mapping[str, type[CustomOp]] = {
+    op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp)
+}
+
+
+def check_replacement(name: str, cls: object) -> Support:
+    """Whether ``cls`` may be registered in ``engine.custom_ops`` under ``name``.
+
+    Called: by the engine in the worker when it loads a custom-op entry point, and by
+    ``engine plugins check``.
+
+    Returns:
+        ``Support.no`` when ``cls`` is not a :class:`CustomOp` subclass, its ``name``
+        differs from ``name``, it does not subclass the built-in contract of that name
+        (:data:`BUILTIN_OPS`), or it has abstract methods left; else yes.
+
+    .. versionadded:: 1.0
+    """
+    if not (isinstance(cls, type) and issubclass(cls, CustomOp)):
+        return Support.no(f"{cls!r} is not a subclass of engine.sdk.ops.CustomOp")
+    if cls.name != name:
+        return Support.no(
+            f"{cls.__qualname__}.name is {cls.name!r} but it is registered as {name!r}"
+        )
+    contract = BUILTIN_OPS.get(name)
+    if contract is not None and not issubclass(cls, contract):
+        return Support.no(
+            f"{cls.__qualname__} replaces built-in op {name!r} but does not subclass "
+            f"engine.sdk.ops.{contract.__qualname__}"
+        )
+    if inspect.isabstract(cls):
+        missing = ", ".join(sorted(getattr(cls, "__abstractmethods__", ())))
+        return Support.no(f"{cls.__qualname__} leaves abstract methods: {missing}")
+    return Support.yes()
+

@@ -1,0 +1,81 @@
+"""Tiny, deterministic, random-initialised checkpoints built with ``transformers``.
+
+Nothing is downloaded: the config is written here and the weights come from a fixed seed,
+so every run (and CI) gets the same checkpoint.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+#: Small enough for CPU tests, with GQA and more than one block of context.
+TINY_LLAMA = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 512,
+    "max_position_embeddings": 256,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
+                          **overrides: Any) -> Path:
+    """Write a random checkpoint of ``kind`` (``llama``, ``qwen2``, ``mistral``) to ``path``.
+
+    ``qwen2`` has q/k/v bias and tied embeddings; ``llama`` uses llama3 rope scaling.
+    Returns ``path`` (config.json + model.safetensors + a byte-level tokenizer).
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
+
+    params: dict[str, Any] = dict(TINY_LLAMA)
+    if kind == "llama":
+        config: Any = LlamaConfig(**params, rope_scaling={
+            "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 128,
+        }, rope_theta=500000.0, **overrides)
+    elif kind == "qwen2":
+        config = Qwen2Config(**params, tie_word_embeddings=True, **overrides)
+    elif kind == "mistral":
+        config = MistralConfig(**params, sliding_window=None, **overrides)
+    else:
+        raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2 or mistral")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
+        for param in model.parameters():
+            if param.dim() > 1:
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_tokenizer(path, config.vocab_size)
+    return path
+
+
+def _write_tokenizer(path: Path, vocab_size: int) -> None:
+    """A byte-level BPE tokenizer with no merges: one token per byte, ids < 256 + specials."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    byte_vocab = {tok: i + 3 for i, tok in enumerate(sorted(
+        pre_tokenizers.ByteLevel.alphabet()))}
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **byte_vocab}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.save(str(path / "tokenizer.json"))
+    assert len(vocab) <= vocab_size
+    template = (
+        "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
+        "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+    )
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+        "unk_token": "<unk>", "chat_template": template,
+    }))
