@@ -1,11 +1,21 @@
 """engine.sdk: the plugin SDK (contract v1).
 
 Plugin authors import from here. Nothing in this package imports torch at import time
-(``engine.sdk.ops`` excepted, which subclasses ``torch.nn.Module``).
+(``engine.sdk.ops`` excepted, which subclasses ``torch.nn.Module``; import it directly).
 """
 
 from engine.sdk import groups
 from engine.sdk._version import SDK_MAJOR, __version__
+from engine.sdk.attention import (
+    AttentionBackend,
+    AttentionContext,
+    AttentionImpl,
+    AttentionImplParams,
+    AttentionMetadataBuilder,
+    AttentionSpec,
+    CommonAttentionMetadata,
+    CudaGraphSupport,
+)
 from engine.sdk.context import PluginContext
 from engine.sdk.endpoint import EndpointPlugin
 from engine.sdk.errors import EngineSDKError, PluginError, UnsupportedError, ValidationError
@@ -15,9 +25,29 @@ from engine.sdk.io_processor import (
     IOProcessorContext,
     ProcessedPrompt,
 )
+from engine.sdk.kv_connector import (
+    KVConnector,
+    KVConnectorContext,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorScheduler,
+    KVConnectorWorker,
+)
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
+from engine.sdk.logits_processor import (
+    AddedRequest,
+    BatchUpdate,
+    LogitsProcessor,
+    LogitsProcessorContext,
+    MoveDirectionality,
+    MovedRequest,
+    PerRequestLogitsProcessor,
+    process_dict_updates,
+)
 from engine.sdk.model import ModelContext, ModelInterface
 from engine.sdk.platform import Platform, PlatformConfig, PlatformInfo
 from engine.sdk.plugin import Plugin, PluginOptions, check_contract_version
+from engine.sdk.quantization import LayerInfo, QuantizationConfig, QuantizeMethod
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import (
     CachedRequestData,
@@ -78,6 +108,37 @@ __all__ = [
     "SchedulingPolicy",
     "SchedulingPolicyContext",
     "SchedulerState",
+    # logits processors
+    "LogitsProcessor",
+    "LogitsProcessorContext",
+    "BatchUpdate",
+    "AddedRequest",
+    "MovedRequest",
+    "MoveDirectionality",
+    "PerRequestLogitsProcessor",
+    "process_dict_updates",
+    # attention
+    "AttentionBackend",
+    "AttentionContext",
+    "AttentionImpl",
+    "AttentionImplParams",
+    "AttentionMetadataBuilder",
+    "AttentionSpec",
+    "CommonAttentionMetadata",
+    "CudaGraphSupport",
+    # quantization and linear kernels
+    "QuantizationConfig",
+    "QuantizeMethod",
+    "LayerInfo",
+    "LinearKernel",
+    "LinearKernelConfig",
+    # KV connectors
+    "KVConnector",
+    "KVConnectorContext",
+    "KVConnectorMetadata",
+    "KVConnectorRole",
+    "KVConnectorScheduler",
+    "KVConnectorWorker",
     # platform
     "Platform",
     "PlatformConfig",
