@@ -289,7 +289,9 @@ class SchedulerContext(PluginContext):
 
     Attributes:
         block_size: Tokens per KV block.
-        num_kv_blocks: Blocks in the pool (block 0 included if the engine reserves it).
+        num_kv_blocks: Blocks the scheduler may hand out, with ids ``1 .. num_kv_blocks``:
+            block 0 is the workers' null block (padding reads and writes land there) and is
+            never given to a request.
         max_num_seqs: Most requests in one step.
         max_num_batched_tokens: Most tokens in one step.
         max_model_len: Longest sequence (prompt + output).

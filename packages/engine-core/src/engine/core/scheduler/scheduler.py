@@ -1,0 +1,404 @@
+"""``Scheduler``: the default scheduler, registered as ``default`` in ``engine.schedulers``.
+
+Iteration-level scheduling under a token budget, without prefill/decode phases: every
+request's ``num_computed_tokens`` catches up with its ``num_tokens`` (a decoding request
+is one token behind; a prompt may take several steps). One ``schedule()``:
+
+1. Running requests, in running (admission) order, while the budget lasts: each gets
+   ``min(num_tokens - num_computed_tokens, budget)`` tokens. When its blocks cannot be
+   allocated, ``policy.select_preemption_victim`` picks a running request to preempt by
+   recompute: its blocks are freed, ``num_computed_tokens`` goes back to 0 and it waits
+   again (PREEMPTED). A victim already scheduled in this step is unscheduled (its tokens
+   return to the budget; hashes of blocks this step would have filled are dropped, since
+   that KV will never be written). Repeat until the allocation succeeds or the request
+   is itself the victim.
+2. Waiting requests, in the policy's order, unless step 1 preempted something (memory is
+   short: admitting now would only thrash), while the budget and ``max_num_seqs`` allow:
+   prefix-cache lookup, chunk sizing (cut to the budget with chunked prefill; without it a
+   request waits until the budget holds its whole remainder), block check,
+   ``policy.can_admit``, allocation. The first request that cannot start ends admission
+   for the step, so the policy's order is kept (head-of-line).
+3. Output: new requests (first time, or resumed) in full with their whole block table;
+   the others as deltas with only their new block ids. Then each scheduled request's
+   ``num_computed_tokens`` advances by its scheduled tokens.
+
+``update_from_output`` appends the token sampled for each request that computed all its
+tokens (a partial prefill chunk samples nothing), applies the stop conditions (see
+``engine.core.scheduler.request``), frees finished requests' blocks and reports them to
+the workers in the next step's ``finished_req_ids``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from engine.core.kv_cache import KVCacheBlock, KVCacheManager
+from engine.core.scheduler._validation import validate_context, validate_request
+from engine.core.scheduler.policies import FCFSPolicy
+from engine.core.scheduler.request import Request
+from engine.core.scheduler.waiting_queue import WaitingQueue
+from engine.sdk.scheduler import (
+    CachedRequestData,
+    EngineCoreOutput,
+    EngineRequest,
+    ModelRunnerOutput,
+    NewRequestData,
+    RequestStatus,
+    SampleLogprobs,
+    SchedulerContext,
+    SchedulerInterface,
+    SchedulerOutput,
+)
+from engine.sdk.scheduling_policy import SchedulerState, SchedulingPolicy, SchedulingPolicyContext
+from engine.sdk.stats import SchedulerStats
+
+
+@dataclass
+class _Step:
+    """The step being built by ``schedule()``."""
+
+    token_budget: int
+    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    new_reqs: list[Request] = field(default_factory=list)
+    # Running requests scheduled again, with the block ids appended for them this step.
+    cached_reqs: dict[str, tuple[Request, tuple[int, ...]]] = field(default_factory=dict)
+    preempted_req_ids: set[str] = field(default_factory=set)
+
+
+class Scheduler(SchedulerInterface):
+    """The default scheduler: token budget, chunked prefill, prefix caching, recompute.
+
+    Args:
+        ctx: Sizes and switches; ``ctx.policy`` orders, admits and picks victims
+            (``FCFSPolicy`` when None).
+
+    Raises:
+        ValueError: The context is inconsistent (e.g. the KV cache cannot hold one
+            ``max_model_len`` sequence), or asks for a KV connector (not supported yet).
+    """
+
+    def __init__(self, ctx: SchedulerContext) -> None:
+        super().__init__(ctx)
+        validate_context(ctx)
+        self.policy: SchedulingPolicy
+        if ctx.policy is not None:
+            self.policy = ctx.policy
+        else:
+            self.policy = FCFSPolicy(
+                SchedulingPolicyContext(
+                    plugin_name=FCFSPolicy.name,
+                    process="engine_core",
+                    max_num_seqs=ctx.max_num_seqs,
+                    max_num_batched_tokens=ctx.max_num_batched_tokens,
+                    num_kv_blocks=ctx.num_kv_blocks,
+                )
+            )
+        self.kv_cache_manager = KVCacheManager(
+            ctx.block_size, ctx.num_kv_blocks, ctx.enable_prefix_caching
+        )
+        self._requests: dict[str, Request] = {}  # unfinished requests
+        self._running: list[Request] = []
+        self._waiting = WaitingQueue(self.policy)
+        self._finished_req_ids: set[str] = set()
+        self._num_added = 0
+        self._num_preemptions = 0  # since the last make_stats()
+
+    # -- state queries ---------------------------------------------------------------
+
+    @property
+    def num_free_blocks(self) -> int:
+        """KV blocks no request holds (evictable cached blocks included)."""
+        return self.kv_cache_manager.num_free_blocks
+
+    @property
+    def num_running_reqs(self) -> int:
+        """Requests running (admitted, holding blocks)."""
+        return len(self._running)
+
+    @property
+    def num_waiting_reqs(self) -> int:
+        """Requests waiting (new or preempted)."""
+        return len(self._waiting)
+
+    def get_request(self, request_id: str) -> Request | None:
+        """The unfinished request with this id, or None."""
+        return self._requests.get(request_id)
+
+    def get_num_unfinished_requests(self) -> int:
+        """Waiting plus running requests."""
+        return len(self._requests)
+
+    def has_finished_requests(self) -> bool:
+        """True when finished ids are pending delivery to the workers."""
+        return bool(self._finished_req_ids)
+
+    # -- requests in and out ---------------------------------------------------------
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a new request.
+
+        Raises:
+            ValueError: The id is already known, the prompt is empty, or it is longer
+                than ``max_model_len``.
+        """
+        validate_request(request, self.ctx.max_model_len, request.request_id in self._requests)
+        self._num_added += 1
+        internal = Request(request, self.ctx.max_model_len, seq=self._num_added)
+        self._requests[internal.request_id] = internal
+        self._waiting.push(internal)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """End requests from outside (abort, stop string); frees their blocks now.
+
+        Unknown or already finished ids are ignored.
+
+        Raises:
+            ValueError: ``status`` is not a ``FINISHED_*`` state.
+        """
+        if not status.is_finished:
+            raise ValueError(f"finish_requests needs a FINISHED_* status, got {status.name}")
+        num_running_finished = 0
+        for request_id in request_ids:
+            request = self._requests.pop(request_id, None)
+            if request is None:
+                continue
+            if request.status is RequestStatus.RUNNING:
+                num_running_finished += 1
+            else:
+                self._waiting.remove(request)
+            request.status = status
+            self.kv_cache_manager.free(request)
+            self._finished_req_ids.add(request_id)
+        if num_running_finished:
+            self._running = [r for r in self._running if not r.status.is_finished]
+
+    # -- one step --------------------------------------------------------------------
+
+    def schedule(self) -> SchedulerOutput:
+        """Choose the requests and token counts of the next forward pass (module header)."""
+        step = _Step(token_budget=self.ctx.max_num_batched_tokens)
+        self._schedule_running(step)
+        if not step.preempted_req_ids:
+            self._schedule_waiting(step)
+        output = self._build_output(step)
+        requests = self._requests
+        for request_id, num_tokens in step.num_scheduled_tokens.items():
+            requests[request_id].num_computed_tokens += num_tokens
+        return output
+
+    def _schedule_running(self, step: _Step) -> None:
+        for request in tuple(self._running):
+            if step.token_budget == 0:
+                break
+            if request.status is not RequestStatus.RUNNING:
+                continue  # preempted earlier in this step
+            num_new_tokens = min(
+                request.num_tokens - request.num_computed_tokens, step.token_budget
+            )
+            if num_new_tokens <= 0:
+                continue
+            new_blocks = self._allocate_or_preempt(request, num_new_tokens, step)
+            if new_blocks is None:
+                continue
+            step.num_scheduled_tokens[request.request_id] = num_new_tokens
+            step.token_budget -= num_new_tokens
+            new_block_ids = tuple([block.block_id for block in new_blocks]) if new_blocks else ()
+            step.cached_reqs[request.request_id] = (request, new_block_ids)
+
+    def _allocate_or_preempt(
+        self, request: Request, num_new_tokens: int, step: _Step
+    ) -> list[KVCacheBlock] | None:
+        """Allocate for a running request, preempting victims until it fits (or is one)."""
+        while True:
+            new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+            if new_blocks is not None:
+                return new_blocks
+            victim = self._select_victim()
+            self._preempt(victim, step)
+            if victim is request:
+                return None
+
+    def _select_victim(self) -> Request:
+        chosen = self.policy.select_preemption_victim(tuple(self._running))
+        victim = self._requests.get(chosen.request_id)
+        if victim is None or victim is not chosen or victim.status is not RequestStatus.RUNNING:
+            raise RuntimeError(
+                f"scheduling policy {type(self.policy).__qualname__} chose "
+                f"{chosen.request_id!r} as preemption victim, which is not a running request; "
+                "select_preemption_victim must return an element of `running`"
+            )
+        return victim
+
+    def _preempt(self, victim: Request, step: _Step) -> None:
+        self._running.remove(victim)
+        request_id = victim.request_id
+        num_unscheduled = step.num_scheduled_tokens.pop(request_id, 0)
+        step.token_budget += num_unscheduled
+        step.cached_reqs.pop(request_id, None)
+        self.kv_cache_manager.free(victim, num_valid_tokens=victim.num_computed_tokens)
+        victim.status = RequestStatus.PREEMPTED
+        victim.num_computed_tokens = 0
+        victim.num_preemptions += 1
+        self._waiting.push(victim)
+        step.preempted_req_ids.add(request_id)
+        self._num_preemptions += 1
+
+    def _schedule_waiting(self, step: _Step) -> None:
+        kv = self.kv_cache_manager
+        max_num_seqs = self.ctx.max_num_seqs
+        while self._waiting and step.token_budget > 0 and len(self._running) < max_num_seqs:
+            request = self._waiting.peek()
+            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            num_new_tokens = request.num_tokens - num_hit_tokens
+            if num_new_tokens > step.token_budget:
+                if not self.ctx.enable_chunked_prefill:
+                    break
+                num_new_tokens = step.token_budget
+            if not kv.can_allocate(request, num_new_tokens, hit_blocks):
+                break
+            if not self.policy.can_admit(request, self._state(step)):
+                break
+            if kv.allocate_slots(request, num_new_tokens, hit_blocks) is None:
+                raise RuntimeError("KV-cache allocation failed after can_allocate agreed")
+            self._waiting.pop()
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens = num_hit_tokens
+            if request.num_preemptions == 0:
+                request.num_cached_tokens = num_hit_tokens
+            self._running.append(request)
+            step.new_reqs.append(request)
+            step.num_scheduled_tokens[request.request_id] = num_new_tokens
+            step.token_budget -= num_new_tokens
+
+    def _state(self, step: _Step) -> SchedulerState:
+        return SchedulerState(
+            num_running=len(self._running),
+            num_waiting=len(self._waiting),
+            num_free_blocks=self.kv_cache_manager.num_free_blocks,
+            num_total_blocks=self.ctx.num_kv_blocks,
+            num_scheduled_tokens=self.ctx.max_num_batched_tokens - step.token_budget,
+            token_budget=step.token_budget,
+        )
+
+    def _build_output(self, step: _Step) -> SchedulerOutput:
+        kv = self.kv_cache_manager
+        new_reqs = tuple(
+            NewRequestData(
+                req_id=request.request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=request.sampling_params,
+                block_ids=tuple(kv.get_block_ids(request.request_id)),
+                num_computed_tokens=request.num_computed_tokens,
+                output_token_ids=tuple(request.output_token_ids),
+            )
+            for request in step.new_reqs
+        )
+        cached = step.cached_reqs.values()
+        cached_reqs = CachedRequestData(
+            req_ids=tuple(request.request_id for request, _ in cached),
+            new_block_ids=tuple(block_ids for _, block_ids in cached),
+            num_computed_tokens=tuple(request.num_computed_tokens for request, _ in cached),
+        )
+        finished_req_ids = frozenset(self._finished_req_ids)
+        self._finished_req_ids.clear()
+        return SchedulerOutput(
+            scheduled_new_reqs=new_reqs,
+            scheduled_cached_reqs=cached_reqs,
+            num_scheduled_tokens=step.num_scheduled_tokens,
+            total_num_scheduled_tokens=self.ctx.max_num_batched_tokens - step.token_budget,
+            finished_req_ids=finished_req_ids,
+            preempted_req_ids=frozenset(step.preempted_req_ids),
+        )
+
+    # -- results ---------------------------------------------------------------------
+
+    def update_from_output(
+        self, scheduler_output: SchedulerOutput, runner_output: ModelRunnerOutput
+    ) -> list[EngineCoreOutput]:
+        """Append sampled tokens, apply stop conditions, free finished requests' blocks.
+
+        Returns:
+            One output per request that produced tokens, finished, or got prompt logprobs.
+        """
+        row_of = {req_id: row for row, req_id in enumerate(runner_output.req_ids)}
+        outputs: list[EngineCoreOutput] = []
+        num_finished = 0
+        for request_id in scheduler_output.num_scheduled_tokens:
+            request = self._requests.get(request_id)
+            if request is None or request.status is not RequestStatus.RUNNING:
+                continue
+            row = row_of.get(request_id)
+            output = self._update_request(request, row, runner_output)
+            if output is None:
+                continue
+            outputs.append(output)
+            if output.finish_reason is not None:
+                num_finished += 1
+                del self._requests[request_id]
+                self.kv_cache_manager.free(request)
+                self._finished_req_ids.add(request_id)
+        if num_finished:
+            self._running = [r for r in self._running if r.status is RequestStatus.RUNNING]
+        return outputs
+
+    def _update_request(
+        self, request: Request, row: int | None, runner_output: ModelRunnerOutput
+    ) -> EngineCoreOutput | None:
+        new_token_ids: tuple[int, ...] = ()
+        # A request still catching up (partial prefill chunk) samples nothing.
+        if row is not None and request.num_computed_tokens >= request.num_tokens:
+            sampled = runner_output.sampled_token_ids[row]
+            for index, token_id in enumerate(sampled):
+                if request.append_output_token(token_id):
+                    new_token_ids = sampled[: index + 1]
+                    break
+            else:
+                new_token_ids = sampled
+        prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
+        finished = request.status is not RequestStatus.RUNNING
+        if not new_token_ids and not finished and prompt_logprobs is None:
+            return None
+        new_logprobs = None
+        logprobs = runner_output.logprobs
+        if new_token_ids and logprobs is not None and request.sampling_params.logprobs is not None:
+            new_logprobs = _logprobs_row(logprobs, row)
+        return EngineCoreOutput(
+            request_id=request.request_id,
+            new_token_ids=tuple(new_token_ids),
+            new_logprobs=new_logprobs,
+            new_prompt_logprobs=prompt_logprobs,
+            finish_reason=request.status.finish_reason if finished else None,
+            stop_reason=request.stop_reason,
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    # -- maintenance -----------------------------------------------------------------
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop every cached block not in use. Returns False if some blocks are in use."""
+        return self.kv_cache_manager.reset_prefix_cache()
+
+    def make_stats(self) -> SchedulerStats:
+        """Snapshot; prefix-cache lookups and preemptions count since the previous call."""
+        num_preemptions, self._num_preemptions = self._num_preemptions, 0
+        kv = self.kv_cache_manager
+        return SchedulerStats(
+            num_running_reqs=len(self._running),
+            num_waiting_reqs=len(self._waiting),
+            kv_cache_usage=kv.usage,
+            num_free_blocks=kv.num_free_blocks,
+            num_total_blocks=self.ctx.num_kv_blocks,
+            prefix_cache=kv.make_prefix_cache_stats(),
+            num_preempted_reqs=num_preemptions,
+        )
+
+
+def _logprobs_row(logprobs: SampleLogprobs, row: int | None) -> SampleLogprobs | None:
+    if row is None or row >= len(logprobs.token_ids) or not logprobs.token_ids[row]:
+        return None
+    return SampleLogprobs(
+        token_ids=(logprobs.token_ids[row],),
+        logprobs=(logprobs.logprobs[row],),
+        sampled_token_ranks=(logprobs.sampled_token_ranks[row],),
+    )
