@@ -249,7 +249,11 @@ class Scheduler(SchedulerInterface):
         max_num_seqs = self.ctx.max_num_seqs
         while self._waiting and step.token_budget > 0 and len(self._running) < max_num_seqs:
             request = self._waiting.peek()
-            hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            # Prompt logprobs need every prompt position computed: no prefix-cache hits.
+            if request.sampling_params.prompt_logprobs is None:
+                hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+            else:
+                hit_blocks, num_hit_tokens = [], 0
             num_new_tokens = request.num_tokens - num_hit_tokens
             if num_new_tokens > step.token_budget:
                 if not self.ctx.enable_chunked_prefill:

@@ -1,0 +1,2 @@
+"""The front end's engine-side work: validating and tokenizing requests, and turning
+EngineCore outputs into text (incremental detokenization, stop strings, n > 1)."""

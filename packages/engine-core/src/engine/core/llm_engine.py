@@ -1,0 +1,91 @@
+"""``LLMEngine``: front end + EngineCore in one process, driven step by step.
+
+It validates and tokenizes requests (``InputProcessor``), feeds EngineCore, and turns its
+outputs into ``RequestOutput``s (``OutputProcessor``). ``LLM`` drives it to completion;
+the server drives the same pieces asynchronously.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.core.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.core.frontend.input_processor import InputProcessor, ProcessedRequest, PromptType
+from engine.core.frontend.output_processor import OutputProcessor
+from engine.core.outputs import RequestOutput
+from engine.core.startup import EngineSetup, prepare
+from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
+from engine.core.worker.worker import logits_processor_classes
+from engine.sdk.sampling_params import SamplingParams
+from engine.sdk.scheduler import RequestStatus
+
+
+def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:
+    """The id that ends generation: the tokenizer's EOS, else the model config's."""
+    if tokenizer.eos_token_id is not None:
+        return tokenizer.eos_token_id
+    eos = getattr(hf_config, "eos_token_id", None)
+    return eos[0] if isinstance(eos, list) and eos else eos
+
+
+class LLMEngine:
+    """Synchronous engine: ``add_request`` then ``step()`` until nothing is unfinished."""
+
+    def __init__(self, config: EngineConfig, *, setup: EngineSetup | None = None) -> None:
+        self.config = config
+        self.setup = setup or prepare(config)
+        template = None if config.chat_template is None else read_chat_template(
+            config.chat_template)
+        self.tokenizer = load_tokenizer(self.setup.source, chat_template=template)
+        self.eos_token_id = eos_token_id_of(self.tokenizer, self.setup.hf_config)
+        self.core = EngineCore(self.setup, eos_token_id=self.eos_token_id)
+        self.input_processor = InputProcessor(
+            self.tokenizer, max_model_len=self.setup.max_model_len,
+            vocab_size=self.setup.vocab_size,
+            logits_processors=logits_processor_classes(self.setup),
+        )
+        self.output_processor = OutputProcessor(self.tokenizer)
+
+    @property
+    def model_name(self) -> str:
+        """The model's display name."""
+        return self.setup.source.display_name
+
+    def process_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                        *, priority: int = 0) -> ProcessedRequest:
+        """Validate and tokenize (raises ``ValidationError`` before anything is queued)."""
+        return self.input_processor.process(request_id, prompt, params, priority=priority)
+
+    def add_processed_request(self, request: ProcessedRequest) -> RequestOutput:
+        """Queue a request returned by :meth:`process_request`."""
+        output = self.output_processor.add_request(request)
+        for child in request.children:
+            self.core.add_request(child)
+        return output
+
+    def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
+                    *, priority: int = 0) -> RequestOutput:
+        """Validate, tokenize and queue one request; returns its live output object."""
+        return self.add_processed_request(
+            self.process_request(request_id, prompt, params, priority=priority))
+
+    def abort_request(self, request_id: str) -> None:
+        """Abort a request (all its choices); its KV blocks are freed."""
+        self.core.abort_requests(self.output_processor.abort_request(request_id))
+
+    def has_unfinished_requests(self) -> bool:
+        """True while a request is in flight."""
+        return self.output_processor.has_unfinished_requests()
+
+    def step(self) -> list[RequestOutput]:
+        """One engine step; returns the requests whose output changed."""
+        outputs = self.core.step()
+        processed = self.output_processor.process_outputs(outputs)
+        if processed.reqs_to_abort:
+            self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
+        return processed.request_outputs
+
+    def shutdown(self) -> None:
+        """Stop the engine."""
+        self.core.shutdown()

@@ -1,0 +1,104 @@
+"""Everything the engine decides before it loads weights, in one place.
+
+``prepare(config)`` builds the plugin catalog (and runs general plugins), selects the
+platform and lets it adjust the config, resolves the model and reads its config, picks the
+dtype and the context length. The result is shared by the front end, EngineCore and the
+worker (in other processes it is rebuilt from the same config and manifest).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from engine.core.config import EngineConfig
+from engine.core.model_loader import ModelSource, load_config, resolve_model
+from engine.core.platforms import select_platform
+from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
+from engine.sdk.errors import ValidationError
+from engine.sdk.platform import Platform, PlatformConfig
+
+logger = logging.getLogger("engine")
+
+_TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass(frozen=True)
+class EngineSetup:
+    """The resolved pieces an engine is built from."""
+
+    config: EngineConfig
+    catalog: PluginCatalog
+    manifest: PluginManifest
+    platform: type[Platform]
+    source: ModelSource
+    hf_config: Any
+    dtype: torch.dtype
+    max_model_len: int
+    attention_backend: str | None
+    block_size: int
+
+    @property
+    def vocab_size(self) -> int:
+        """Rows of the model's embedding table (logits columns)."""
+        return int(self.hf_config.vocab_size)
+
+
+def resolve_dtype(requested: str, hf_config: Any, source: ModelSource,
+                  platform: type[Platform]) -> torch.dtype:
+    """The model dtype: the operator's choice, or for ``auto`` the checkpoint's if the
+    platform computes in it well (float32 checkpoints stay float32), else the platform's
+    first supported dtype."""
+    if requested != "auto":
+        return _TORCH_DTYPES[requested]
+    preferred = platform.supported_dtypes()[0]
+    declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    declared = str(declared).removeprefix("torch.") if declared is not None else None
+    if source.kind == "hf" and declared == "float32":
+        return torch.float32
+    return _TORCH_DTYPES.get(preferred, torch.float32)
+
+
+def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
+    """``--max-model-len`` if given (never above the model's), else the model's length."""
+    model_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
+    if requested is None:
+        return model_len
+    if requested > model_len:
+        raise ValidationError(
+            f"max_model_len {requested} exceeds the model's context length {model_len}",
+            param="max_model_len",
+        )
+    return requested
+
+
+def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
+    """Resolve plugins, platform, model config, dtype and context length."""
+    catalog = PluginCatalog.discover(Allowlist.from_env(config.plugins))
+    set_catalog(catalog)
+    catalog.run_general_plugins()
+    manifest = PluginManifest.from_catalog(catalog)
+    platform = select_platform(catalog)
+    available = platform.is_available()
+    if not available.ok:
+        raise ValidationError(f"platform {platform.name} is not available: {available.reason}")
+    platform_config = PlatformConfig(dtype=config.dtype, block_size=config.block_size,
+                                     attention_backend=config.attention_backend)
+    platform.check_and_update_config(platform_config)
+    source = resolve_model(config.model)
+    hf_config = load_config(source)
+    dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
+    setup = EngineSetup(
+        config=config, catalog=catalog, manifest=manifest, platform=platform, source=source,
+        hf_config=hf_config, dtype=dtype,
+        max_model_len=resolve_max_model_len(config.max_model_len, hf_config),
+        attention_backend=platform_config.attention_backend,
+        block_size=platform_config.block_size or config.block_size,
+    )
+    logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d", process,
+                source.display_name, source.kind, platform.name,
+                str(dtype).removeprefix("torch."), setup.max_model_len)
+    return setup

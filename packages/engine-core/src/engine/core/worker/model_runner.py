@@ -1,0 +1,148 @@
+"""``ModelRunner``: turns one ``SchedulerOutput`` into one ``ModelRunnerOutput``.
+
+Per step::
+
+    update the persistent batch from the scheduler's deltas (see ``_update_states``)
+    flatten the scheduled tokens into inputs              (``step_inputs``)
+    build attention metadata once, run the model once
+    logits of each request's last scheduled token -> sampler -> tokens (+ logprobs)
+    append tokens of requests that completed their sequence; prompt logprobs if asked
+
+The batch holds exactly the requests scheduled this step; requests the scheduler skipped
+this step keep their state in ``self.requests`` and re-enter the batch when scheduled.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from engine.core.sample.logprobs import compute_logprobs, gather_logprobs
+from engine.core.sample.sampler import Sampler
+from engine.core.worker.input_batch import CachedRequestState, InputBatch
+from engine.core.worker.step_inputs import StepInputs, build_step_inputs
+from engine.sdk.attention import AttentionMetadataBuilder
+from engine.sdk.scheduler import ModelRunnerOutput, SampleLogprobs, SchedulerOutput
+
+
+class ModelRunner:
+    """Runs the model for the worker; owns the persistent batch and the sampler."""
+
+    def __init__(
+        self, *, model: Any, builder: AttentionMetadataBuilder[Any], input_batch: InputBatch,
+        block_size: int, device: torch.device, vocab_size: int,
+    ) -> None:
+        self.model = model
+        self.builder = builder
+        self.input_batch = input_batch
+        self.block_size = block_size
+        self.device = device
+        self.vocab_size = vocab_size
+        self.sampler = Sampler()
+        self.requests: dict[str, CachedRequestState] = {}
+
+    def _update_states(self, out: SchedulerOutput) -> None:
+        batch = self.input_batch
+        for req_id in out.finished_req_ids | out.preempted_req_ids:
+            batch.remove_request(req_id)
+            self.requests.pop(req_id, None)
+        for new in out.scheduled_new_reqs:
+            batch.remove_request(new.req_id)  # resumed after preemption: start afresh
+            self.requests[new.req_id] = CachedRequestState.from_new_request(
+                new, device=self.device)
+        cached = out.scheduled_cached_reqs
+        for req_id, block_ids, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
+        ):
+            if req_id in batch.req_id_to_index:
+                batch.append_block_ids(req_id, block_ids)
+                batch.set_num_computed_tokens(req_id, num_computed)
+            else:
+                state = self.requests[req_id]
+                state.block_ids.extend(block_ids)
+                state.num_computed_tokens = num_computed
+        for req_id in [r for r in batch.req_ids if r not in out.num_scheduled_tokens]:
+            batch.remove_request(req_id)
+        for req_id in out.num_scheduled_tokens:
+            if req_id not in batch.req_id_to_index:
+                batch.add_request(self.requests[req_id])
+        batch.commit_batch_update()
+
+    def _inputs(self, out: SchedulerOutput) -> StepInputs:
+        batch = self.input_batch
+        n = batch.num_reqs
+        num_scheduled = np.fromiter(
+            (out.num_scheduled_tokens[r] for r in batch.req_ids), dtype=np.int32, count=n)
+        return build_step_inputs(
+            num_scheduled=num_scheduled, num_computed=batch.num_computed_tokens[:n],
+            num_tokens=batch.num_tokens[:n], token_ids=batch.token_ids_cpu[:n],
+            block_table=batch.block_table[:n], block_size=self.block_size, device=self.device,
+        )
+
+    @torch.inference_mode()
+    def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
+        """Run one step; see the module docstring."""
+        self._update_states(out)
+        batch = self.input_batch
+        if out.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
+            return ModelRunnerOutput(req_ids=(), sampled_token_ids=())
+        inputs = self._inputs(out)
+        metadata = self.builder.build(inputs.common)
+        hidden = self.model(inputs.input_ids, inputs.positions, metadata)
+        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        sampling = batch.make_sampling_metadata(inputs.is_partial)
+        sampled = self.sampler(logits, sampling)
+        req_ids = batch.req_ids
+        complete = np.flatnonzero(~inputs.is_partial)
+        tokens = sampled.sampled_token_ids.cpu().numpy()
+        batch.append_tokens(complete, tokens[complete])
+        token_rows: list[tuple[int, ...]] = [()] * len(req_ids)
+        for row in complete.tolist():
+            token_rows[row] = (int(tokens[row]),)
+        logprobs = None
+        if sampled.logprobs is not None:
+            logprobs = self._sample_logprobs(sampled.logprobs, req_ids, inputs.is_partial)
+        return ModelRunnerOutput(
+            req_ids=tuple(req_ids), sampled_token_ids=tuple(token_rows), logprobs=logprobs,
+            prompt_logprobs=self._prompt_logprobs(hidden, inputs, req_ids),
+        )
+
+    def _sample_logprobs(self, tensors: Any, req_ids: list[str],
+                         is_partial: np.ndarray) -> SampleLogprobs:
+        ids, lps, ranks = (tensors.token_ids.tolist(), tensors.logprobs.tolist(),
+                           tensors.ranks.tolist())
+        out_ids, out_lps, out_ranks = [], [], []
+        for row, req_id in enumerate(req_ids):
+            k = self.requests[req_id].sampling_params.logprobs
+            keep = k is not None and not is_partial[row]
+            out_ids.append(tuple(ids[row][: 1 + k]) if keep else ())  # type: ignore[operator]
+            out_lps.append(tuple(lps[row][: 1 + k]) if keep else ())  # type: ignore[operator]
+            out_ranks.append(int(ranks[row]) if keep else 0)
+        return SampleLogprobs(tuple(out_ids), tuple(out_lps), tuple(out_ranks))
+
+    def _prompt_logprobs(self, hidden: torch.Tensor, inputs: StepInputs,
+                         req_ids: list[str]) -> dict[str, SampleLogprobs]:
+        result: dict[str, SampleLogprobs] = {}
+        for row, req_id in enumerate(req_ids):
+            state = self.requests[req_id]
+            k = state.sampling_params.prompt_logprobs
+            num_prompt = len(state.prompt_token_ids)
+            start = int(inputs.num_computed[row])
+            if k is None or start >= num_prompt - 1:
+                continue
+            first = int(inputs.query_start[row])
+            count = int(inputs.query_start[row + 1]) - first
+            # Positions start .. end-1 predict prompt tokens start+1 .. end.
+            end = min(start + count, num_prompt - 1)
+            rows = hidden[first: first + (end - start)]
+            logprobs = compute_logprobs(self.model.compute_logits(rows))
+            targets = torch.tensor(state.prompt_token_ids[start + 1: end + 1], device=self.device)
+            gathered = gather_logprobs(logprobs, k, targets)
+            result[req_id] = SampleLogprobs(
+                token_ids=tuple(map(tuple, gathered.token_ids.tolist())),
+                logprobs=tuple(map(tuple, gathered.logprobs.tolist())),
+                sampled_token_ranks=tuple(gathered.ranks.tolist()),
+            )
+        return result

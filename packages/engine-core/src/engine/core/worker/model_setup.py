@@ -1,0 +1,126 @@
+"""Build the model a worker serves: resolve its class, its attention backend, its layers.
+
+Everything here goes through the plugin catalog: the model class is the ``engine.models``
+entry named by the checkpoint's architecture, the attention backend an
+``engine.attention_backends`` entry, and custom-op replacements ``engine.custom_ops``
+entries, so built-ins and plugins take exactly the same path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.core.model_executor.layers import LayerFactory
+from engine.core.plugins import PluginCatalog
+from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
+from engine.sdk.errors import PluginError, UnsupportedError
+from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, MODELS
+from engine.sdk.model import ModelContext
+from engine.sdk.ops import BUILTIN_OPS, CustomOp, check_replacement
+from engine.sdk.platform import Platform
+
+
+@dataclass(frozen=True)
+class BuiltModel:
+    """A model with its weights loaded, and the factory that built its layers."""
+
+    model: nn.Module
+    factory: LayerFactory
+    backend: type[AttentionBackend]
+
+
+def resolve_model_class(catalog: PluginCatalog, hf_config: Any) -> type[nn.Module]:
+    """The ``engine.models`` class for the checkpoint's first supported architecture.
+
+    Raises:
+        PluginError: no architecture of the checkpoint has a model, listing what exists.
+    """
+    architectures = list(getattr(hf_config, "architectures", None) or [])
+    for arch in architectures:
+        if arch in catalog.names(MODELS):
+            cls: type[nn.Module] = catalog.load(MODELS, arch)
+            return cls
+    raise PluginError(
+        f"no installed model implements the checkpoint's architectures {architectures}; "
+        f"available: {', '.join(catalog.names(MODELS)) or '(none)'}. A model plugin registers "
+        f"its class in the engine.models group under the architecture name."
+    )
+
+
+def resolve_attention_backend(
+    catalog: PluginCatalog, platform: type[Platform], spec: AttentionSpec, requested: str | None
+) -> type[AttentionBackend]:
+    """The backend for ``spec``: ``requested`` (``--attention-backend``) or the platform's.
+
+    Raises:
+        UnsupportedError: the backend cannot serve ``spec``, with its reason.
+    """
+    name = requested or platform.default_attention_backend(spec)
+    cls: type[AttentionBackend] = catalog.load(ATTENTION_BACKENDS, name)
+    try:
+        return select_backend([cls], spec)
+    except UnsupportedError as exc:
+        hint = "" if requested else " (the platform's default)"
+        raise UnsupportedError(
+            f"attention backend {name!r}{hint} cannot serve this model ({spec.describe()})",
+            exc.reasons,
+        ) from None
+
+
+def resolve_custom_ops(catalog: PluginCatalog) -> dict[str, type[CustomOp]]:
+    """Replacement op classes from ``engine.custom_ops``, checked against the contracts."""
+    ops: dict[str, type[CustomOp]] = {}
+    for name in catalog.names(CUSTOM_OPS):
+        entry = catalog.resolve(CUSTOM_OPS, name)
+        if name not in BUILTIN_OPS:
+            raise PluginError(f"there is no built-in op named {name!r} to replace; ops: "
+                              f"{', '.join(sorted(BUILTIN_OPS))}", plugin=name, group=CUSTOM_OPS,
+                              distribution=entry.distribution, version=entry.version)
+        cls = catalog.load(CUSTOM_OPS, name)
+        support = check_replacement(name, cls)
+        if not support.ok:
+            raise PluginError(support.reason, plugin=name, group=CUSTOM_OPS,
+                              distribution=entry.distribution, version=entry.version)
+        ops[name] = cls
+    return ops
+
+
+def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int) -> AttentionSpec:
+    """The attention spec of a Llama-family config (for backend selection before building)."""
+    num_heads = hf_config.num_attention_heads
+    head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    dtype_name = str(dtype).removeprefix("torch.")
+    window = getattr(hf_config, "sliding_window", None)
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        window = None
+    return AttentionSpec(
+        num_heads=num_heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        head_size=head_size, dtype=dtype_name, kv_cache_dtype=dtype_name,
+        block_size=block_size, sliding_window=window,
+    )
+
+
+def build_model(
+    *, catalog: PluginCatalog, platform: type[Platform], hf_config: Any, dtype: torch.dtype,
+    block_size: int, attention_backend: str | None, weights: Iterable[tuple[str, torch.Tensor]],
+    device: torch.device,
+) -> BuiltModel:
+    """Construct the model on ``device``, load ``weights`` and return it in eval mode."""
+    model_cls = resolve_model_class(catalog, hf_config)
+    spec = probe_attention_spec(hf_config, dtype, block_size)
+    backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
+    factory = LayerFactory(
+        dtype=dtype, block_size=block_size, attention_backend=backend,
+        op_classes=resolve_custom_ops(catalog), dispatch_key=platform.device_type,
+    )
+    with torch.device(device):
+        model = model_cls(ModelContext(hf_config=hf_config, dtype=spec.dtype, layers=factory,
+                                       process="worker"))
+    model.load_weights(weights)  # type: ignore[operator]
+    return BuiltModel(model.eval(), factory, backend)
