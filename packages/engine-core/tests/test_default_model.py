@@ -34,7 +34,7 @@ def test_greedy_token_ids_equal_transformers_on_the_same_gguf(llm: LLM) -> None:
                          SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
                          use_tqdm=False)
     hf = AutoModelForCausalLM.from_pretrained(
-        source.path, gguf_file=source.gguf_file, torch_dtype=torch.float32).eval()
+        source.path, gguf_file=source.gguf_file, dtype=torch.float32).eval()
     ids = torch.tensor([prompt])
     with torch.inference_mode():
         expected = hf.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16,

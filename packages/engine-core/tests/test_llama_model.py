@@ -22,7 +22,7 @@ def build(kind: str, tmp_path: Path):
     from transformers import AutoModelForCausalLM
 
     path = build_tiny_checkpoint(tmp_path / kind, kind)
-    hf = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     factory = LayerFactory(dtype=torch.float32, block_size=BLOCK,
                            attention_backend=TorchAttentionBackend)
     cls = Qwen2ForCausalLM if kind == "qwen2" else LlamaForCausalLM

@@ -33,7 +33,7 @@ def test_logprobs_match_transformers(tiny_llama: Path) -> None:
     [out] = llm.generate({"prompt_token_ids": prompt},
                          SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
                          use_tqdm=False)
-    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, torch_dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_llama, dtype=torch.float32)
     with torch.inference_mode():
         logprobs = hf(torch.tensor([prompt])).logits[0].log_softmax(-1)
     assert out.prompt_logprobs is not None and out.prompt_logprobs[0] is None

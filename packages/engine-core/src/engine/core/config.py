@@ -2,8 +2,7 @@
 
 Field names are the flag names (``max_num_seqs`` -> ``--max-num-seqs``); the field's
 description is the flag's help. Values the engine derives at start-up (the model's context
-length, the number of KV blocks) live in :class:`ResolvedConfig`, built once the model is
-known.
+length, the dtype) live in ``engine.core.startup.EngineSetup``.
 """
 
 from __future__ import annotations
@@ -70,17 +69,3 @@ class EngineConfig(BaseModel):
         if value is not None and not value.strip():
             raise ValueError("model must be a path; leave it out for the built-in default")
         return value
-
-
-class ResolvedConfig(BaseModel):
-    """What the engine derived at start-up from the config and the model."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    engine: EngineConfig
-    model_name: str
-    torch_dtype: Literal["bfloat16", "float16", "float32"]
-    max_model_len: int
-    num_kv_blocks: int
-    eos_token_id: int | None
-    vocab_size: int

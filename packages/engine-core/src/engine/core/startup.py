@@ -55,7 +55,8 @@ def resolve_dtype(requested: str, hf_config: Any, source: ModelSource,
     if requested != "auto":
         return _TORCH_DTYPES[requested]
     preferred = platform.supported_dtypes()[0]
-    declared = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    # transformers 5 names it ``dtype`` (reading ``torch_dtype`` warns); 4.x ``torch_dtype``.
+    declared = getattr(hf_config, "dtype", None) or vars(hf_config).get("torch_dtype")
     declared = str(declared).removeprefix("torch.") if declared is not None else None
     if source.kind == "hf" and declared == "float32":
         return torch.float32

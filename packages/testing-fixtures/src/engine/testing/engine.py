@@ -21,7 +21,7 @@ def hf_greedy(path: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -> 
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(path, torch_dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     results = []
     with torch.inference_mode():
         for prompt in prompts:

@@ -47,7 +47,7 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
     else:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2 or mistral")
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
         for param in model.parameters():
             if param.dim() > 1:

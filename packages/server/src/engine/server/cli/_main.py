@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core import __version__
 from engine.sdk._version import __version__ as sdk_version
-from engine.server.cli import _plugins
+from engine.server.cli import _generate, _plugins
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -29,6 +29,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     _plugins.add_parser(commands)
+    _generate.add_parser(commands)
     return parser
 
 

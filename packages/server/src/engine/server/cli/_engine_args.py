@@ -1,0 +1,87 @@
+"""Command-line flags for every ``EngineConfig`` field, generated from the model.
+
+``max_num_seqs`` becomes ``--max-num-seqs``; booleans get ``--x/--no-x``; the field's
+description is the help text; values are validated by ``EngineConfig`` itself, so a bad
+value reports what is allowed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import types
+import typing
+from typing import Any, Literal, get_args, get_origin
+
+from engine.core.config import EngineConfig
+from engine.sdk.errors import ValidationError
+
+#: Fields with a hand-written flag (or none): the model is positional for serve/generate.
+_SPECIAL = {"plugin_options", "logits_processors"}
+
+
+def _base_type(annotation: Any) -> Any:
+    if get_origin(annotation) in (typing.Union, types.UnionType):
+        args = [a for a in get_args(annotation) if a is not type(None)]
+        return args[0] if len(args) == 1 else str
+    return annotation
+
+
+def add_engine_args(parser: argparse.ArgumentParser, *, skip: set[str] = frozenset()) -> None:
+    """Add one flag per ``EngineConfig`` field (defaults left to the model)."""
+    group = parser.add_argument_group("engine options")
+    for name, field in EngineConfig.model_fields.items():
+        if name in _SPECIAL or name in skip:
+            continue
+        flag = "--" + name.replace("_", "-")
+        kind = _base_type(field.annotation)
+        help_text = f"{field.description} (default: {field.default})"
+        if kind is bool:
+            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+        elif get_origin(kind) is Literal:
+            group.add_argument(flag, choices=list(get_args(kind)), default=None, help=help_text)
+        else:
+            group.add_argument(flag, type=kind if kind in (int, float) else str, default=None,
+                               help=help_text)
+    group.add_argument(
+        "--logits-processor", dest="logits_processors", action="append", default=None,
+        metavar="MODULE:CLASS", help="an extra logits processor (repeatable)")
+    group.add_argument(
+        "--plugin-option", dest="plugin_options", action="append", default=None,
+        metavar="NAME.KEY=VALUE",
+        help="an option for a plugin (repeatable); VALUE is parsed as JSON when it can be")
+
+
+def parse_plugin_options(items: list[str] | None) -> dict[str, dict[str, Any]]:
+    """``["p.k=1", "p.s=x"]`` -> ``{"p": {"k": 1, "s": "x"}}``.
+
+    Raises:
+        ValidationError: an item is not ``NAME.KEY=VALUE``.
+    """
+    options: dict[str, dict[str, Any]] = {}
+    for item in items or []:
+        target, sep, raw = item.partition("=")
+        name, dot, key = target.rpartition(".")
+        if not sep or not dot or not name or not key:
+            raise ValidationError(f"--plugin-option {item!r} must look like NAME.KEY=VALUE "
+                                  f"(e.g. my_processor.strength=0.5)", param="plugin_option")
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        options.setdefault(name, {})[key] = value
+    return options
+
+
+def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineConfig:
+    """Build the config from parsed flags; unset flags keep the model's defaults."""
+    values: dict[str, Any] = {}
+    for name in EngineConfig.model_fields:
+        value = getattr(args, name, None)
+        if value is not None:
+            values[name] = value
+    values["plugin_options"] = parse_plugin_options(getattr(args, "plugin_options", None))
+    values["logits_processors"] = tuple(getattr(args, "logits_processors", None) or ())
+    values.update(fixed)
+    return EngineConfig(**values)
