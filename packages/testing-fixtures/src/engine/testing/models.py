@@ -57,6 +57,33 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
     return path
 
 
+#: The throughput benchmark's model: ~102M parameters (DEVELOPERS' benchmark workload).
+BENCH_LLAMA_100M = {
+    "hidden_size": 768,
+    "intermediate_size": 2560,
+    "num_hidden_layers": 12,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 4,
+    "vocab_size": 8192,
+    "max_position_embeddings": 2048,
+    "rms_norm_eps": 1e-6,
+    "bos_token_id": 1,
+    "eos_token_id": 2,
+}
+
+
+def build_random_llama(path: Path, config: dict[str, Any], seed: int = 0) -> Path:
+    """Write a random Llama checkpoint with ``config`` (a ``LlamaConfig`` dict) to ``path``."""
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(LlamaConfig(**config), dtype=torch.float32)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_tokenizer(path, config["vocab_size"])
+    return path
+
+
 def _write_tokenizer(path: Path, vocab_size: int) -> None:
     """A byte-level BPE tokenizer with no merges: one token per byte, ids < 256 + specials."""
     import json
