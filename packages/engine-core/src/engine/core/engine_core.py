@@ -14,6 +14,7 @@ from engine.core.startup import EngineSetup
 from engine.core.worker.worker import Worker
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import SCHEDULERS, SCHEDULING_POLICIES
+from engine.sdk.plugin import Plugin, PluginOptions
 from engine.sdk.scheduler import (
     EngineCoreOutput,
     EngineRequest,
@@ -27,8 +28,9 @@ from engine.sdk.stats import SchedulerStats
 logger = logging.getLogger("engine.core")
 
 
-def _options(setup: EngineSetup, name: str, cls: type) -> object:
-    return cls.Options(**setup.config.plugin_options.get(name, {}))  # type: ignore[attr-defined]
+def _options(setup: EngineSetup, name: str, cls: type[Plugin]) -> PluginOptions:
+    """The plugin's validated options from ``--plugin-option``."""
+    return cls.Options(**setup.config.plugin_options.get(name, {}))
 
 
 def make_scheduler(setup: EngineSetup, num_blocks: int) -> SchedulerInterface:
@@ -44,7 +46,7 @@ def make_scheduler(setup: EngineSetup, num_blocks: int) -> SchedulerInterface:
             max_num_seqs=config.max_num_seqs,
             max_num_batched_tokens=config.max_num_batched_tokens, num_kv_blocks=num_blocks,
         ))
-    except Exception as exc:  # noqa: BLE001 - reported with the plugin's identity
+    except Exception as exc:
         raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
                           plugin=policy_name, group=SCHEDULING_POLICIES) from exc
     ctx = SchedulerContext(
@@ -58,7 +60,7 @@ def make_scheduler(setup: EngineSetup, num_blocks: int) -> SchedulerInterface:
     )
     try:
         return scheduler_cls(ctx)
-    except Exception as exc:  # noqa: BLE001 - reported with the plugin's identity
+    except Exception as exc:
         raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
                           plugin=scheduler_name, group=SCHEDULERS) from exc
 

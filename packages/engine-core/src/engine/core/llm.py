@@ -1,10 +1,10 @@
 """``LLM``: the offline API, shaped like vLLM's.
 
-    from engine.core import LLM, SamplingParams
+from engine.core import LLM, SamplingParams
 
-    llm = LLM()                                  # the built-in default model
-    outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
-    print(outputs[0].outputs[0].text)
+llm = LLM()                                  # the built-in default model
+outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
+print(outputs[0].outputs[0].text)
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "auto", **kwargs: Any) -> None:
-        self.llm_engine = LLMEngine(EngineConfig(model=model, dtype=dtype, **kwargs))
+        self.llm_engine = LLMEngine(EngineConfig.model_validate(
+            {"model": model, "dtype": dtype, **kwargs}))
         self._ids = itertools.count()
 
     def get_tokenizer(self) -> Tokenizer:
@@ -65,8 +66,10 @@ class LLM:
         Raises:
             ValidationError: a prompt or parameter is invalid; nothing was queued.
         """
-        items: list[PromptType] = [prompts] if _is_single_prompt(prompts) else list(
-            prompts)  # type: ignore[arg-type]
+        items: list[PromptType] = (
+            [prompts] if _is_single_prompt(prompts)  # type: ignore[list-item]
+            else list(prompts)  # type: ignore[arg-type]
+        )
         params = sampling_params or SamplingParams()
         params_list = [params] * len(items) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(items):

@@ -26,7 +26,9 @@ def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:
     if tokenizer.eos_token_id is not None:
         return tokenizer.eos_token_id
     eos = getattr(hf_config, "eos_token_id", None)
-    return eos[0] if isinstance(eos, list) and eos else eos
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    return eos if isinstance(eos, int) else None
 
 
 class LLMEngine:

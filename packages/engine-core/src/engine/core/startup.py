@@ -49,9 +49,11 @@ class EngineSetup:
 
 def resolve_dtype(requested: str, hf_config: Any, source: ModelSource,
                   platform: type[Platform]) -> torch.dtype:
-    """The model dtype: the operator's choice, or for ``auto`` the checkpoint's if the
-    platform computes in it well (float32 checkpoints stay float32), else the platform's
-    first supported dtype."""
+    """The model dtype: the operator's choice, or a default for ``auto``.
+
+    ``auto``: float32 checkpoints stay float32; otherwise the platform's preferred dtype
+    (bfloat16 on CPUs with native bf16, else float32).
+    """
     if requested != "auto":
         return _TORCH_DTYPES[requested]
     preferred = platform.supported_dtypes()[0]

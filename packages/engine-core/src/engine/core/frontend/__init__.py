@@ -1,2 +1,5 @@
-"""The front end's engine-side work: validating and tokenizing requests, and turning
-EngineCore outputs into text (incremental detokenization, stop strings, n > 1)."""
+"""The front end's engine-side work: requests in, text out.
+
+Validating and tokenizing requests, and turning EngineCore outputs into text (incremental
+detokenization, stop strings, n > 1).
+"""

@@ -26,7 +26,7 @@ def select_platform(catalog: PluginCatalog) -> type[Platform]:
         detector = catalog.load(PLATFORMS, entry.name)
         try:
             result = detector()
-        except Exception as exc:  # noqa: BLE001 - reported with the plugin's identity
+        except Exception as exc:
             raise plugin_error(entry, f"its detector raised {type(exc).__name__}: {exc}") from exc
         if result is None:
             continue

@@ -94,7 +94,7 @@ class Worker:
                     eos_token_id=self.eos_token_id,
                 )
                 processors.append(cls(ctx))
-            except Exception as exc:  # noqa: BLE001 - reported with the plugin's name
+            except Exception as exc:
                 raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
                                   plugin=name, group=LOGITS_PROCESSORS) from exc
         return processors

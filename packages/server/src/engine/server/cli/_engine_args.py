@@ -27,7 +27,9 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
-def add_engine_args(parser: argparse.ArgumentParser, *, skip: set[str] = frozenset()) -> None:
+def add_engine_args(
+    parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()
+) -> None:
     """Add one flag per ``EngineConfig`` field (defaults left to the model)."""
     group = parser.add_argument_group("engine options")
     for name, field in EngineConfig.model_fields.items():

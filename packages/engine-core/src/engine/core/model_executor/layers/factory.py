@@ -97,8 +97,9 @@ class LayerFactory:
     def rms_norm(self, hidden_size: int, eps: float) -> CustomOp:
         """``rms_norm``: call ``op(x)`` or ``op(x, residual)``."""
         cls = self._op("rms_norm", RMSNormOp)
-        return cls(hidden_size, eps, dtype=self.dtype,  # type: ignore[call-arg]
-                   dispatch_key=self.dispatch_key)
+        op: CustomOp = cls(hidden_size, eps, dtype=self.dtype,  # type: ignore[call-arg,misc,arg-type]
+                           dispatch_key=self.dispatch_key)
+        return op
 
     def rotary_embedding(
         self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any],
@@ -109,8 +110,9 @@ class LayerFactory:
             rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, rope),
         )
         cls = self._op("rotary_embedding", RotaryEmbeddingOp)
-        return cls(head_size, rotary_dim, cache, is_neox_style,  # type: ignore[call-arg]
-                   dispatch_key=self.dispatch_key)
+        op: CustomOp = cls(head_size, rotary_dim, cache,  # type: ignore[call-arg,misc,arg-type]
+                           is_neox_style, dispatch_key=self.dispatch_key)
+        return op
 
     def silu_and_mul(self) -> CustomOp:
         """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""

@@ -16,7 +16,9 @@ from torch import nn
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
 
 
-def copy_into_parameter(module: nn.Module, param_name: str, tensor: torch.Tensor, name: str) -> None:
+def copy_into_parameter(
+    module: nn.Module, param_name: str, tensor: torch.Tensor, name: str
+) -> None:
     """Copy checkpoint tensor ``name`` into ``module.<param_name>``, checking the shape."""
     param = getattr(module, param_name, None)
     if not isinstance(param, torch.Tensor):
@@ -44,7 +46,8 @@ class UnquantizedLinearMethod(QuantizeMethod):
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        return F.linear(x, layer.weight, bias)
+        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        return F.linear(x, weight, bias)
 
 
 class Linear(nn.Module):

@@ -37,11 +37,12 @@ def inv_frequencies(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor:
     """
     rope_type = params["rope_type"]
     base = params["rope_theta"]
-    inv_freq = 1.0 / (base ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim))
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim
+    inv_freq: torch.Tensor = torch.pow(float(base), exponents).reciprocal()
     if rope_type == "default":
         return inv_freq
     if rope_type == "linear":
-        return inv_freq / float(params["factor"])
+        return inv_freq.div(float(params["factor"]))
     if rope_type == "llama3":
         return _llama3(inv_freq, params)
     raise ValueError(

@@ -77,7 +77,8 @@ class LlamaAttention(nn.Module):
         )
         out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
                         v.contiguous(), metadata)
-        return self.o_proj(out)
+        projected: torch.Tensor = self.o_proj(out)
+        return projected
 
 
 class LlamaMLP(nn.Module):
@@ -95,7 +96,8 @@ class LlamaMLP(nn.Module):
         self.act = layers.silu_and_mul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(x)))
+        out: torch.Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -147,7 +149,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
     ) -> torch.Tensor:
-        hidden = self.embed_tokens(input_ids)
+        hidden: torch.Tensor = self.embed_tokens(input_ids)
         residual = None
         for layer in self.layers:
             hidden, residual = layer(positions, hidden, residual, attn_metadata)
@@ -190,14 +192,16 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
                 raise ValueError(f"checkpoint tensor {name!r} matches no parameter of "
                                  f"{type(self).__name__}")
             module, param_name, shard = target
-            if hasattr(module, "load_weight"):
-                module.load_weight(param_name, tensor, shard)
+            loader = getattr(module, "load_weight", None)
+            if callable(loader):
+                loader(param_name, tensor, shard)
             else:
                 copy_into_parameter(module, param_name, tensor, name)
             loaded.add(name)
         for module in self.modules():
-            if hasattr(module, "process_weights_after_loading"):
-                module.process_weights_after_loading()
+            finish = getattr(module, "process_weights_after_loading", None)
+            if callable(finish):
+                finish()
         return loaded
 
 
