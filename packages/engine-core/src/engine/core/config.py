@@ -47,6 +47,11 @@ class EngineConfig(BaseModel):
     attention_backend: str | None = Field(
         None, description="attention backend (engine.attention_backends name or "
         "module:Class); default: the platform's choice")
+    linear_kernel: str | None = Field(
+        None, description="force this linear kernel (engine.linear_kernels name) for every "
+        "layer; default: the highest-priority kernel that can run each layer")
+    disabled_kernels: tuple[str, ...] = Field(
+        (), description="linear kernels never to use (names, comma-separated on the CLI)")
     logits_processors: tuple[str, ...] = Field(
         (), description="extra logits processors by module:Class (installed ones in "
         "engine.logits_processors are always loaded)")

@@ -8,7 +8,8 @@ entries, so built-ins and plugins take exactly the same path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +20,8 @@ from engine.core.model_executor.layers import LayerFactory
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
 from engine.sdk.errors import PluginError, UnsupportedError
-from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, MODELS
+from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, LINEAR_KERNELS, MODELS
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import BUILTIN_OPS, CustomOp, check_replacement
 from engine.sdk.platform import Platform
@@ -90,6 +92,27 @@ def resolve_custom_ops(catalog: PluginCatalog) -> dict[str, type[CustomOp]]:
     return ops
 
 
+def make_linear_kernel_selector(
+    catalog: PluginCatalog, platform: type[Platform], *, forced: str | None,
+    disabled: Sequence[str],
+) -> Callable[[LinearKernelConfig], type[LinearKernel]]:
+    """The per-layer linear kernel chooser over every allowed ``engine.linear_kernels`` entry.
+
+    Raises:
+        ValidationError: ``forced`` or a ``disabled`` name is not an installed kernel.
+    """
+    kernels = [catalog.load(LINEAR_KERNELS, name) for name in catalog.names(LINEAR_KERNELS)]
+    selector = functools.partial(select_linear_kernel, kernels, platform.info(),
+                                 forced=forced, disabled=tuple(disabled))
+    probe = LinearKernelConfig(scheme="unquantized", weight_dtype="float32",
+                               act_dtype="float32", input_size=1, output_size=1)
+    try:  # surface unknown --linear-kernel / --disabled-kernels names before building
+        selector(probe)
+    except UnsupportedError:
+        pass
+    return selector
+
+
 def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int) -> AttentionSpec:
     """The attention spec of a Llama-family config (for backend selection before building)."""
     num_heads = hf_config.num_attention_heads
@@ -109,7 +132,7 @@ def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int) ->
 def build_model(
     *, catalog: PluginCatalog, platform: type[Platform], hf_config: Any, dtype: torch.dtype,
     block_size: int, attention_backend: str | None, weights: Iterable[tuple[str, torch.Tensor]],
-    device: torch.device,
+    device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode."""
     model_cls = resolve_model_class(catalog, hf_config)
@@ -118,6 +141,8 @@ def build_model(
     factory = LayerFactory(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         op_classes=resolve_custom_ops(catalog), dispatch_key=platform.device_type,
+        linear_kernel_selector=make_linear_kernel_selector(
+            catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
     )
     with torch.device(device):
         model = model_cls(ModelContext(hf_config=hf_config, dtype=spec.dtype, layers=factory,

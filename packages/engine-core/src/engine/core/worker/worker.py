@@ -46,6 +46,7 @@ class Worker:
             dtype=setup.dtype, block_size=setup.block_size,
             attention_backend=setup.attention_backend,
             weights=iter_weights(setup.source, setup.dtype), device=self.device,
+            linear_kernel=config.linear_kernel, disabled_kernels=config.disabled_kernels,
         )
         layers = self.built.factory.attention_layers
         block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size, setup.dtype)

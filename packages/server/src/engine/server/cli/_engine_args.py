@@ -27,6 +27,10 @@ def _base_type(annotation: Any) -> Any:
     return annotation
 
 
+def _comma_list(value: str) -> tuple[str, ...]:
+    return tuple(item.strip() for item in value.split(",") if item.strip())
+
+
 def add_engine_args(
     parser: argparse.ArgumentParser, *, skip: frozenset[str] = frozenset()
 ) -> None:
@@ -41,6 +45,8 @@ def add_engine_args(
         if kind is bool:
             group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
+        elif get_origin(kind) is tuple:
+            group.add_argument(flag, type=_comma_list, default=None, help=help_text)
         elif get_origin(kind) is Literal:
             group.add_argument(flag, choices=list(get_args(kind)), default=None, help=help_text)
         else:

@@ -8,7 +8,7 @@ model plugin gets them all for free.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +19,7 @@ from engine.core.model_executor.layers.embedding import VocabEmbedding
 from engine.core.model_executor.layers.linear import Linear, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import LayerInfo
@@ -38,6 +39,7 @@ class LayerFactory:
         quant_config: The selected quantization config instance, or None.
         op_classes: Op name -> class to build (built-in contract or a replacement).
         dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
+        linear_kernel_selector: Chooses the linear kernel of each layer (None: F.linear).
         attention_layers: Filled as attention layers are built: name -> layer.
     """
 
@@ -48,6 +50,7 @@ class LayerFactory:
     quant_config: Any = None
     op_classes: dict[str, type[CustomOp]] = field(default_factory=dict)
     dispatch_key: str = "cpu"
+    linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] | None = None
     attention_layers: dict[str, Attention] = field(default_factory=dict)
 
     @property
@@ -64,6 +67,7 @@ class LayerFactory:
             prefix=prefix, kind=kind, input_size=input_size, output_size=sum(output_sizes),
             input_size_per_partition=input_size, output_partition_sizes=tuple(output_sizes),
             params_dtype=self.dtype_name, has_bias=bias,
+            linear_kernel_selector=self.linear_kernel_selector,
         )
         method = None
         if self.quant_config is not None:

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
 
 
@@ -31,9 +32,23 @@ def copy_into_parameter(
 
 
 class UnquantizedLinearMethod(QuantizeMethod):
-    """The default: a dense weight in the model dtype, ``torch.nn.functional.linear``."""
+    """The default: a dense weight in the model dtype; the matmul is a linear kernel.
+
+    The kernel is chosen per layer by ``info.linear_kernel_selector`` (priority order,
+    ``--linear-kernel``, ``--disabled-kernels``); without a selector, ``F.linear``.
+    """
+
+    def __init__(self) -> None:
+        self.kernel: LinearKernel | None = None
 
     def create_weights(self, layer: nn.Module, info: LayerInfo) -> None:
+        if info.linear_kernel_selector is not None:
+            config = LinearKernelConfig(
+                scheme="unquantized", weight_dtype=info.params_dtype,
+                act_dtype=info.params_dtype, input_size=info.input_size_per_partition,
+                output_size=info.output_size_per_partition, has_bias=info.has_bias,
+            )
+            self.kernel = info.linear_kernel_selector(config)(config)
         weight = nn.Parameter(
             torch.empty(info.output_size_per_partition, info.input_size_per_partition,
                         dtype=getattr(torch, info.params_dtype)),
@@ -43,9 +58,15 @@ class UnquantizedLinearMethod(QuantizeMethod):
         weight.input_dim = 1  # type: ignore[attr-defined]
         layer.register_parameter("weight", weight)
 
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        if self.kernel is not None:
+            self.kernel.process_weights_after_loading(layer)
+
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
+        if self.kernel is not None:
+            return self.kernel.apply(layer, x, bias)
         weight: torch.Tensor = layer.weight  # type: ignore[assignment]
         return F.linear(x, weight, bias)
 
