@@ -68,7 +68,7 @@ class OneDNNLinearKernel(LinearKernel):
     def is_supported(cls, platform: PlatformInfo) -> Support:
         if platform.device_type != "cpu":
             return Support.no(f"runs on the CPU only, not {platform.device_type}")
-        if not torch.backends.mkldnn.is_available():
+        if not torch.backends.mkldnn.is_available():  # type: ignore[no-untyped-call]
             return Support.no("this torch build has no oneDNN (torch.backends.mkldnn)")
         return Support.yes()
 

@@ -18,11 +18,19 @@ from engine.core.model_executor.layers.attention import Attention
 from engine.core.model_executor.layers.embedding import VocabEmbedding
 from engine.core.model_executor.layers.linear import Linear, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
+from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
-from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import LayerInfo
+
+
+def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
+    """``F.linear`` for every layer (hand-built factories, e.g. in tests)."""
+    return select_linear_kernel([TorchLinearKernel], PlatformInfo("cpu", "cpu"), config)
+
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 
@@ -39,7 +47,8 @@ class LayerFactory:
         quant_config: The selected quantization config instance, or None.
         op_classes: Op name -> class to build (built-in contract or a replacement).
         dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
-        linear_kernel_selector: Chooses the linear kernel of each layer (None: F.linear).
+        linear_kernel_selector: Chooses the linear kernel of each layer (default: the
+            ``torch`` kernel; the engine passes one over every installed kernel).
         attention_layers: Filled as attention layers are built: name -> layer.
     """
 
@@ -50,7 +59,8 @@ class LayerFactory:
     quant_config: Any = None
     op_classes: dict[str, type[CustomOp]] = field(default_factory=dict)
     dispatch_key: str = "cpu"
-    linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] | None = None
+    linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] = field(
+        default_factory=lambda: default_kernel_selector)
     attention_layers: dict[str, Attention] = field(default_factory=dict)
 
     @property

@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
@@ -35,20 +34,18 @@ class UnquantizedLinearMethod(QuantizeMethod):
     """The default: a dense weight in the model dtype; the matmul is a linear kernel.
 
     The kernel is chosen per layer by ``info.linear_kernel_selector`` (priority order,
-    ``--linear-kernel``, ``--disabled-kernels``); without a selector, ``F.linear``.
+    ``--linear-kernel``, ``--disabled-kernels``).
     """
 
-    def __init__(self) -> None:
-        self.kernel: LinearKernel | None = None
+    kernel: LinearKernel
 
     def create_weights(self, layer: nn.Module, info: LayerInfo) -> None:
-        if info.linear_kernel_selector is not None:
-            config = LinearKernelConfig(
-                scheme="unquantized", weight_dtype=info.params_dtype,
-                act_dtype=info.params_dtype, input_size=info.input_size_per_partition,
-                output_size=info.output_size_per_partition, has_bias=info.has_bias,
-            )
-            self.kernel = info.linear_kernel_selector(config)(config)
+        config = LinearKernelConfig(
+            scheme="unquantized", weight_dtype=info.params_dtype,
+            act_dtype=info.params_dtype, input_size=info.input_size_per_partition,
+            output_size=info.output_size_per_partition, has_bias=info.has_bias,
+        )
+        self.kernel = info.linear_kernel_selector(config)(config)
         weight = nn.Parameter(
             torch.empty(info.output_size_per_partition, info.input_size_per_partition,
                         dtype=getattr(torch, info.params_dtype)),
@@ -59,16 +56,12 @@ class UnquantizedLinearMethod(QuantizeMethod):
         layer.register_parameter("weight", weight)
 
     def process_weights_after_loading(self, layer: nn.Module) -> None:
-        if self.kernel is not None:
-            self.kernel.process_weights_after_loading(layer)
+        self.kernel.process_weights_after_loading(layer)
 
     def apply(
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
-        if self.kernel is not None:
-            return self.kernel.apply(layer, x, bias)
-        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
-        return F.linear(x, weight, bias)
+        return self.kernel.apply(layer, x, bias)
 
 
 class Linear(nn.Module):
