@@ -147,6 +147,7 @@ def test_general_plugins_run_once(plugins_on_path: Path, monkeypatch: pytest.Mon
     )
     before = engine_test_plugin_good.REGISTER_CALLS
     cat.run_general_plugins()
+    catalog("engine-test-plugin-good").run_general_plugins()  # a second engine, same process
     assert engine_test_plugin_good.REGISTER_CALLS == before
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup
 from engine.core.worker.worker import Worker
-from engine.sdk.errors import PluginError
 from engine.sdk.groups import SCHEDULERS, SCHEDULING_POLICIES
-from engine.sdk.plugin import Plugin, PluginOptions
 from engine.sdk.scheduler import (
     EngineCoreOutput,
     EngineRequest,
@@ -28,41 +27,28 @@ from engine.sdk.stats import SchedulerStats
 logger = logging.getLogger("engine.core")
 
 
-def _options(setup: EngineSetup, name: str, cls: type[Plugin]) -> PluginOptions:
-    """The plugin's validated options from ``--plugin-option``."""
-    return cls.Options(**setup.config.plugin_options.get(name, {}))
-
-
 def make_scheduler(setup: EngineSetup, num_blocks: int) -> SchedulerInterface:
     """The selected scheduler with the selected policy, for a pool of ``num_blocks``."""
     config = setup.config
     policy_name, scheduler_name = config.scheduling_policy, config.scheduler
     policy_cls: type[SchedulingPolicy] = setup.catalog.load(SCHEDULING_POLICIES, policy_name)
     scheduler_cls: type[SchedulerInterface] = setup.catalog.load(SCHEDULERS, scheduler_name)
-    try:
-        policy = policy_cls(SchedulingPolicyContext(
-            plugin_name=policy_name, options=_options(setup, policy_name, policy_cls),
-            process="engine_core", model=setup.source.display_name,
-            max_num_seqs=config.max_num_seqs,
-            max_num_batched_tokens=config.max_num_batched_tokens, num_kv_blocks=num_blocks,
-        ))
-    except Exception as exc:
-        raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
-                          plugin=policy_name, group=SCHEDULING_POLICIES) from exc
-    ctx = SchedulerContext(
-        plugin_name=scheduler_name, options=_options(setup, scheduler_name, scheduler_cls),
-        process="engine_core", model=setup.source.display_name, block_size=setup.block_size,
+    policy = construct_plugin(setup, SCHEDULING_POLICIES, policy_name, policy_cls,
+                              lambda options: policy_cls(SchedulingPolicyContext(
+        plugin_name=policy_name, options=options, process="engine_core",
+        model=setup.source.display_name, max_num_seqs=config.max_num_seqs,
+        max_num_batched_tokens=config.max_num_batched_tokens, num_kv_blocks=num_blocks,
+    )))
+    return construct_plugin(setup, SCHEDULERS, scheduler_name, scheduler_cls,
+                            lambda options: scheduler_cls(SchedulerContext(
+        plugin_name=scheduler_name, options=options, process="engine_core",
+        model=setup.source.display_name, block_size=setup.block_size,
         num_kv_blocks=num_blocks, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=config.max_num_batched_tokens,
         max_model_len=setup.max_model_len,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_chunked_prefill=config.enable_chunked_prefill, policy=policy,
-    )
-    try:
-        return scheduler_cls(ctx)
-    except Exception as exc:
-        raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
-                          plugin=scheduler_name, group=SCHEDULERS) from exc
+    )))
 
 
 class EngineCore:

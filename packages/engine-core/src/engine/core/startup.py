@@ -78,10 +78,27 @@ def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
     return requested
 
 
+def check_plugin_options(config: EngineConfig, catalog: PluginCatalog) -> None:
+    """Every ``--plugin-option`` NAME must be an allowed plugin (or a ``module:Class`` in use).
+
+    Raises:
+        ValidationError: naming the unknown names and the plugins that take options.
+    """
+    named = {e.name for e in catalog.entries if catalog.decision(e).allowed}
+    named |= set(config.logits_processors) | {config.scheduler, config.scheduling_policy}
+    unknown = sorted(set(config.plugin_options) - named)
+    if unknown:
+        raise ValidationError(
+            f"--plugin-option names {', '.join(map(repr, unknown))}, which "
+            f"{'is' if len(unknown) == 1 else 'are'} not an allowed plugin; known plugins: "
+            f"{', '.join(sorted(named))}", param="plugin_options")
+
+
 def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     """Resolve plugins, platform, model config, dtype and context length."""
     catalog = PluginCatalog.discover(Allowlist.from_env(config.plugins))
     set_catalog(catalog)
+    check_plugin_options(config, catalog)
     catalog.run_general_plugins()
     manifest = PluginManifest.from_catalog(catalog)
     platform = select_platform(catalog)

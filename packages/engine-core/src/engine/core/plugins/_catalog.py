@@ -29,6 +29,8 @@ from engine.sdk.groups import GENERAL_PLUGINS, GROUPS
 logger = logging.getLogger("engine.plugins")
 
 _logged_skips: set[tuple[str, str, str | None]] = set()
+#: General plugins already called in this process: (value, distribution).
+_general_plugins_run: set[tuple[str, str | None]] = set()
 
 
 def discover_entries() -> list[PluginEntry]:
@@ -68,7 +70,6 @@ class PluginCatalog:
             self._by_key[entry.key].append(entry)
         self._loaded: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
-        self._general_plugins_ran = False
         self._log_skips()
 
     @classmethod
@@ -94,15 +95,26 @@ class PluginCatalog:
         return self._decisions.get(id(entry)) or self.allowlist.decide(entry)
 
     def rows(self) -> list[CatalogRow]:
-        """Every entry with its decision and the entries it conflicts with."""
-        return [
-            CatalogRow(
-                entry,
-                self.decision(entry),
-                tuple(e for e in self._by_key[entry.key] if e is not entry),
-            )
-            for entry in self.entries
-        ]
+        """Every entry with its decision and the allowed entries it conflicts with.
+
+        A conflict only counts between allowed entries: once the allowlist keeps one of two
+        same-named entries, there is no conflict left to report.
+        """
+        rows = []
+        for entry in self.entries:
+            conflicts: tuple[PluginEntry, ...] = ()
+            if self.decision(entry).allowed:
+                conflicts = tuple(e for e in self._by_key[entry.key]
+                                  if e is not entry and self.decision(e).allowed)
+            rows.append(CatalogRow(entry, self.decision(entry), conflicts))
+        return rows
+
+    def error(self, group: str, name: str, cause: str) -> PluginError:
+        """A PluginError naming the plugin selected as ``name`` and its distribution."""
+        try:
+            return plugin_error(self.resolve(group, name), cause)
+        except PluginError:
+            return PluginError(cause, plugin=name, group=group)
 
     def allowed(self, group: str) -> list[PluginEntry]:
         """Allowed entries of ``group``, sorted by name."""
@@ -160,17 +172,21 @@ class PluginCatalog:
         return {name: self.load(group, name) for name in self.names(group)}
 
     def run_general_plugins(self) -> None:
-        """Call every allowed ``engine.general_plugins`` callable, once per catalog.
+        """Call every allowed ``engine.general_plugins`` callable, once per process.
+
+        A callable that already ran in this process (from an earlier catalog, e.g. a second
+        ``LLM`` in the same interpreter) is not called again.
 
         Raises:
             PluginError: a callable failed to import or raised.
         """
-        if self._general_plugins_ran:
-            return
-        self._general_plugins_ran = True
         for name in self.names(GENERAL_PLUGINS):
-            func = self.load(GENERAL_PLUGINS, name)
             entry = self.resolve(GENERAL_PLUGINS, name)
+            marker = (entry.value, entry.distribution)
+            if marker in _general_plugins_run:
+                continue
+            _general_plugins_run.add(marker)
+            func = self.load(GENERAL_PLUGINS, name)
             try:
                 func()
             except Exception as exc:

@@ -9,13 +9,13 @@ from typing import Any
 import torch
 
 from engine.core.model_loader import iter_weights
+from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
 from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
 from engine.sdk.attention import AttentionContext
-from engine.sdk.errors import PluginError
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessor, LogitsProcessorContext
 from engine.sdk.scheduler import ModelRunnerOutput, SchedulerOutput
@@ -83,22 +83,18 @@ class Worker:
         return self.built.backend.get_builder_cls()(ctx)
 
     def _make_logits_processors(self) -> list[LogitsProcessor]:
-        processors = []
-        options = self.setup.config.plugin_options
-        for name, cls in logits_processor_classes(self.setup).items():
-            try:
-                ctx = LogitsProcessorContext(
-                    plugin_name=name, options=cls.Options(**options.get(name, {})),
-                    process="worker", model=self.setup.source.display_name,
-                    device=str(self.device), max_num_reqs=self.setup.config.max_num_seqs,
-                    vocab_size=self.setup.vocab_size, is_pin_memory=False,
-                    eos_token_id=self.eos_token_id,
-                )
-                processors.append(cls(ctx))
-            except Exception as exc:
-                raise PluginError(f"constructing it failed: {type(exc).__name__}: {exc}",
-                                  plugin=name, group=LOGITS_PROCESSORS) from exc
-        return processors
+        setup = self.setup
+
+        def build(name: str, cls: type[LogitsProcessor]) -> LogitsProcessor:
+            return construct_plugin(setup, LOGITS_PROCESSORS, name, cls, lambda options: cls(
+                LogitsProcessorContext(
+                    plugin_name=name, options=options, process="worker",
+                    model=setup.source.display_name, device=str(self.device),
+                    max_num_reqs=setup.config.max_num_seqs, vocab_size=setup.vocab_size,
+                    is_pin_memory=False, eos_token_id=self.eos_token_id,
+                )))
+
+        return [build(name, cls) for name, cls in logits_processor_classes(setup).items()]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step."""

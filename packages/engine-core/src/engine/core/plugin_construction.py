@@ -1,0 +1,26 @@
+"""Building a plugin instance: validate its options, call its constructor, name it on failure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from engine.core.startup import EngineSetup
+from engine.sdk.plugin import Plugin, PluginOptions
+
+T = TypeVar("T")
+
+
+def construct_plugin(setup: EngineSetup, group: str, name: str, cls: type[Plugin],
+                     make: Callable[[PluginOptions], T]) -> T:
+    """Validate the plugin's ``--plugin-option`` values and build it with ``make(options)``.
+
+    Raises:
+        PluginError: the options are invalid or the constructor raised, naming the plugin
+            and its distribution.
+    """
+    try:
+        return make(cls.Options(**setup.config.plugin_options.get(name, {})))
+    except Exception as exc:
+        raise setup.catalog.error(
+            group, name, f"constructing it failed: {type(exc).__name__}: {exc}") from exc

@@ -1,0 +1,25 @@
+"""Plugin options: validated per plugin, unknown names refused, failures name the plugin."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.core import LLM
+from engine.sdk import PluginError, ValidationError
+
+
+def test_unknown_plugin_option_name_is_refused(tiny_llama: Path) -> None:
+    with pytest.raises(ValidationError, match="'fcsf'.*not an allowed plugin.*fcfs"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+            plugin_options={"fcsf": {"x": 1}})
+
+
+def test_option_the_plugin_does_not_declare_names_the_plugin(tiny_llama: Path) -> None:
+    with pytest.raises(PluginError) as info:
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+            plugin_options={"fcfs": {"aging": 2}})
+    message = str(info.value)
+    assert "plugin 'fcfs' (group engine.scheduling_policies, distribution engine-core" in message
+    assert "aging" in message
