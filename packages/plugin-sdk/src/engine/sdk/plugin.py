@@ -35,7 +35,7 @@ class PluginOptions(BaseModel):
     """Base of a plugin's options model: frozen, unknown keys rejected.
 
     Subclass it as a nested ``Options`` class on the plugin. Field descriptions are shown by
-    ``engine plugins list``; a validation failure names the key and what is allowed.
+    ``engine plugins check``; a validation failure names the key and what is allowed.
 
     .. versionadded:: 1.0
     """

@@ -42,6 +42,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         status: int = args.handler(args)
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # e.g. `engine plugins list | head`
+        sys.stderr.close()
+        return 0
     return status
 
 

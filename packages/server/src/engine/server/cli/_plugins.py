@@ -95,6 +95,16 @@ def _matches(row: CatalogRow, name: str) -> bool:
     return name in (entry.name, f"{entry.group}:{entry.name}", entry.distribution)
 
 
+def _options_schema(obj: Any) -> dict[str, Any]:
+    """``{option: {type, default, description}}`` of a plugin class's ``Options`` model."""
+    model = getattr(obj, "Options", None)
+    if not isinstance(obj, type) or model is None:
+        return {}
+    schema = model.model_json_schema()
+    return {name: {k: v for k, v in prop.items() if k in ("type", "default", "description")}
+            for name, prop in schema.get("properties", {}).items()}
+
+
 def run_check(args: argparse.Namespace) -> int:
     """``engine plugins check [NAME]``."""
     catalog = _catalog(args)
@@ -120,15 +130,18 @@ def run_check(args: argparse.Namespace) -> int:
                 plugin=entry.name, group=entry.group, distribution=entry.distribution,
                 version=entry.version,
             ))
-        else:
+        options: dict[str, Any] = {}
+        if error is None:
             try:
-                load_entry(entry)
+                options = _options_schema(load_entry(entry))
             except PluginError as exc:
                 error = str(exc)
+            except Exception as exc:  # noqa: BLE001 - an options model that cannot describe itself
+                error = f"its Options model is invalid: {type(exc).__name__}: {exc}"
         results.append({
             "group": entry.group, "name": entry.name, "distribution": entry.distribution,
             "version": entry.version, "allowed": row.decision.allowed,
-            "ok": error is None, "error": error,
+            "ok": error is None, "error": error, "options": options,
         })
     if args.json:
         print(json.dumps(results, indent=2))
@@ -136,6 +149,8 @@ def run_check(args: argparse.Namespace) -> int:
         for r in results:
             head = f"{r['group']}:{r['name']} ({r['distribution']} {r['version']})"
             print(f"OK    {head}" if r["ok"] else f"FAIL  {r['error']}")
+            for option, spec in r["options"].items():
+                print(f"        option {option}: {spec}")
         failed = sum(not r["ok"] for r in results)
         print(f"{len(results) - failed} ok, {failed} failed")
     return 1 if any(not r["ok"] for r in results) else 0

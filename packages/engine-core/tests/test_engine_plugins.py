@@ -1,0 +1,56 @@
+"""Installed plugins reach the engine: each is called, and requests not using it are untouched."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.core import LLM, SamplingParams
+from engine.sdk import ValidationError
+from engine.testing.engine import assert_kv_pool_full
+
+PROMPT = {"prompt_token_ids": [7, 11, 13, 17, 19, 23]}
+
+
+def test_logits_processor_plugin_is_reached_and_selective(
+    tiny_llama: Path, plugins_on_path: Path
+) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+              plugins="engine-test-plugin-good")
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    [plain] = llm.generate(PROMPT, greedy, use_tqdm=False)
+    first = plain.outputs[0].token_ids[0]
+    banned = greedy.replace(extra_args={"ban_token": first})
+    outputs = llm.generate([PROMPT, PROMPT], [banned, greedy], use_tqdm=False)
+    assert outputs[0].outputs[0].token_ids[0] != first  # the plugin changed this request
+    assert first not in outputs[0].outputs[0].token_ids
+    assert outputs[1].outputs[0].token_ids == plain.outputs[0].token_ids  # untouched
+    with pytest.raises(ValidationError, match="ban_token"):  # validate_params, front end
+        llm.generate(PROMPT, greedy.replace(extra_args={"ban_token": "x"}), use_tqdm=False)
+    assert_kv_pool_full(llm)
+
+
+def test_scheduling_policy_plugin_decides_the_order(
+    tiny_llama: Path, plugins_on_path: Path
+) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, max_num_seqs=1,
+              plugins="engine-test-plugin-good", scheduling_policy="test_good_lifo")
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    for request_id in ("first", "second", "third"):
+        engine.add_request(request_id, PROMPT, params)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    # One request at a time, newest first: last come, first served.
+    assert finished == ["third", "second", "first"]
+    assert_kv_pool_full(llm)
+
+
+def test_broken_plugin_stops_start_up_naming_it(tiny_llama: Path, plugins_on_path: Path) -> None:
+    from engine.sdk import PluginError
+
+    with pytest.raises(PluginError, match="engine-test-plugin-import-error 0.1.0"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+            plugins="engine-test-plugin-import-error")
