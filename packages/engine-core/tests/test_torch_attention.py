@@ -55,9 +55,9 @@ def test_mixed_prefill_decode_batch_matches_reference(window, dtype) -> None:
         blocks = [free.pop() for _ in range(math.ceil(total / BLOCK))]
         k_all = torch.randn(total, KV_HEADS, D, generator=gen).to(dtype)
         v_all = torch.randn(total, KV_HEADS, D, generator=gen).to(dtype)
-        for p in range(cached):  # the prefix is already in the cache
-            cache[0, blocks[p // BLOCK], p % BLOCK] = k_all[p]
-            cache[1, blocks[p // BLOCK], p % BLOCK] = v_all[p]
+        for p in range(cached):  # the prefix is already in the cache ([block, head, pos, D])
+            cache[0, blocks[p // BLOCK], :, p % BLOCK] = k_all[p]
+            cache[1, blocks[p // BLOCK], :, p % BLOCK] = v_all[p]
         slots += [blocks[p // BLOCK] * BLOCK + p % BLOCK for p in range(cached, total)]
         queries.append(torch.randn(new, HEADS, D, generator=gen).to(dtype))
         keys.append(k_all[cached:])
@@ -89,8 +89,8 @@ def test_mixed_prefill_decode_batch_matches_reference(window, dtype) -> None:
         expected = reference(q[lo:hi], k_all, v_all, cached, scale, window)
         torch.testing.assert_close(out[lo:hi].float(), expected, atol=tol, rtol=tol)
     # The new keys/values landed in their slots.
-    flat_k = cache[0].view(-1, KV_HEADS, D)
-    torch.testing.assert_close(flat_k[torch.tensor(slots)], k)
+    slot_t = torch.tensor(slots)
+    torch.testing.assert_close(cache[0][slot_t // BLOCK, :, slot_t % BLOCK], k)
 
 
 def test_supports_reports_reasons() -> None:

@@ -30,9 +30,17 @@ SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclass(frozen=True)
 class TorchAttentionMetadata:
-    """One step's layout for the torch backend."""
+    """One step's layout for the torch backend.
 
-    slot_mapping: torch.Tensor
+    Attributes:
+        slot_blocks: ``[num_tokens]`` block of each new token's KV.
+        slot_offsets: ``[num_tokens]`` position of each new token in its block.
+        num_actual_tokens: Real tokens of the step.
+        groups: Requests attended together (see ``torch_grouping``).
+    """
+
+    slot_blocks: torch.Tensor
+    slot_offsets: torch.Tensor
     num_actual_tokens: int
     groups: tuple[AttentionGroup, ...]
 
@@ -47,7 +55,8 @@ class TorchAttentionMetadataBuilder(AttentionMetadataBuilder[TorchAttentionMetad
         device = common.slot_mapping.device
         if device.type != "cpu":
             groups = tuple(_to(g, device) for g in groups)
-        return TorchAttentionMetadata(common.slot_mapping[: common.num_actual_tokens],
+        slots = common.slot_mapping[: common.num_actual_tokens]
+        return TorchAttentionMetadata(slots // spec.block_size, slots % spec.block_size,
                                       common.num_actual_tokens, groups)
 
 
@@ -62,11 +71,11 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
         metadata: TorchAttentionMetadata, output: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = metadata.num_actual_tokens
-        num_kv_heads, head_size = key.shape[1], key.shape[2]
+        head_size = key.shape[2]
         key_cache, value_cache = kv_cache[0], kv_cache[1]
-        flat_shape = (-1, num_kv_heads, head_size)
-        key_cache.view(flat_shape).index_copy_(0, metadata.slot_mapping, key[:num_tokens])
-        value_cache.view(flat_shape).index_copy_(0, metadata.slot_mapping, value[:num_tokens])
+        blocks, offsets = metadata.slot_blocks, metadata.slot_offsets
+        key_cache[blocks, :, offsets] = key[:num_tokens]
+        value_cache[blocks, :, offsets] = value[:num_tokens]
         flat_out = output.view(output.shape[0], -1)
         for group in metadata.groups:
             n, q_len = group.q_index.shape
@@ -82,10 +91,12 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor) -> torch.Tensor:
-    """``[n, kv_heads, nb * block_size, D]`` view of the blocks of each request."""
+    """``[n, kv_heads, nb * block_size, D]``: the blocks of each request, contiguous."""
     n, nb = block_ids.shape
-    blocks = cache.index_select(0, block_ids.view(-1))  # [n*nb, bs, H, D]
-    return blocks.view(n, nb * cache.shape[1], cache.shape[2], cache.shape[3]).transpose(1, 2)
+    _, num_heads, block_size, head_size = cache.shape
+    blocks = cache.index_select(0, block_ids.view(-1)).view(n, nb, num_heads, block_size,
+                                                             head_size)
+    return blocks.transpose(1, 2).reshape(n, num_heads, nb * block_size, head_size)
 
 
 class TorchAttentionBackend(AttentionBackend):
@@ -106,7 +117,9 @@ class TorchAttentionBackend(AttentionBackend):
     def get_kv_cache_shape(
         cls, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
     ) -> tuple[int, ...]:
-        return (2, num_blocks, block_size, num_kv_heads, head_size)
+        # Heads before tokens: a request's gathered blocks become [heads, tokens, D] with
+        # one copy, the layout the attention matmuls read fastest.
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
 
     @classmethod
     def supports(cls, spec: AttentionSpec) -> Support:
