@@ -143,8 +143,10 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         )
         self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
         self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
-        self.lm_head = None if self.tie_word_embeddings else layers.linear(
-            "lm_head", config.hidden_size, (config.vocab_size,), kind="lm_head")
+        # Tied: the head's weight becomes the embedding table once loaded (one tensor), and
+        # the head still goes through a linear kernel.
+        self.lm_head = layers.linear("lm_head", config.hidden_size, (config.vocab_size,),
+                                     kind="lm_head")
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
@@ -157,10 +159,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         return hidden
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        if self.lm_head is None:
-            logits = torch.nn.functional.linear(hidden_states, self.embed_tokens.weight)
-        else:
-            logits = self.lm_head(hidden_states)
+        logits: torch.Tensor = self.lm_head(hidden_states)
         return logits.float()
 
     def _module_for(self, name: str) -> tuple[nn.Module, str, int | None] | None:
@@ -185,7 +184,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         for name, tensor in weights:
             if "rotary_emb.inv_freq" in name:
                 continue
-            if name == "lm_head.weight" and self.lm_head is None:
+            if name == "lm_head.weight" and self.tie_word_embeddings:
                 continue  # tied: the embedding table is the head
             target = self._module_for(name)
             if target is None:
@@ -198,6 +197,8 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
             else:
                 copy_into_parameter(module, param_name, tensor, name)
             loaded.add(name)
+        if self.tie_word_embeddings:
+            self.lm_head.weight = self.embed_tokens.weight
         for module in self.modules():
             finish = getattr(module, "process_weights_after_loading", None)
             if callable(finish):
