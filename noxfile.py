@@ -59,6 +59,13 @@ def lint(session: nox.Session) -> None:
 
 
 @nox.session
+def api_compat(session: nox.Session) -> None:
+    """Fail on SDK API breaks against the last release (griffe) without a major bump."""
+    _install(session, "griffe")
+    session.run(_python(session), "scripts/api_compat.py", *session.posargs, external=True)
+
+
+@nox.session
 def typecheck(session: nox.Session) -> None:
     """Mypy: strict on the SDK, default strictness elsewhere."""
     _install(session, TORCH)
