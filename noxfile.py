@@ -55,7 +55,7 @@ def lint(session: nox.Session) -> None:
     """Ruff over every package, tests, benchmarks and this file."""
     _install(session, "ruff")
     session.run(_python(session), "-m", "ruff", "check", "packages", "tests", "benchmarks",
-                "noxfile.py", external=True)
+                "scripts", "noxfile.py", external=True)
 
 
 @nox.session

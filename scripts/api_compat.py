@@ -24,12 +24,14 @@ TAG_PREFIX = "engine-plugin-sdk-v"
 
 
 def last_release_tag() -> str | None:
+    """The newest ``engine-plugin-sdk-v*`` tag, or None."""
     tags = subprocess.run(["git", "tag", "--list", f"{TAG_PREFIX}*", "--sort=-v:refname"],
                           cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     return tags[0] if tags else None
 
 
 def allowlisted() -> dict[str, str]:
+    """Accepted breaks: object path -> reason."""
     entries = {}
     if ALLOWLIST.exists():
         for line in ALLOWLIST.read_text().splitlines():
@@ -42,6 +44,7 @@ def allowlisted() -> dict[str, str]:
 
 
 def main() -> int:
+    """Run the comparison; returns the exit status."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--against", default=None, help="git ref of the last release")
     args = parser.parse_args()
