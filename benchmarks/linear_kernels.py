@@ -37,7 +37,8 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30)
     args = parser.parse_args()
     print(f"{args.tokens} tokens, {args.dtype}, {torch.get_num_threads()} threads")
-    print(f"{'layer':<14} {'shape':>12} {'torch GFLOP/s':>14} {'onednn GFLOP/s':>15} {'speed-up':>9}")
+    print(f"{'layer':<14} {'shape':>12} {'torch GFLOP/s':>14} {'onednn GFLOP/s':>15} "
+          f"{'speed-up':>9}")
     for name, (out_f, in_f) in SHAPES.items():
         layer = torch.nn.Module()
         layer.weight = torch.nn.Parameter(torch.randn(out_f, in_f), requires_grad=False)

@@ -119,7 +119,7 @@ def run_check(args: argparse.Namespace) -> int:
             return 2
     else:
         rows = [row for row in rows if row.decision.allowed]
-    results = []
+    results: list[dict[str, Any]] = []
     for row in rows:
         entry = row.entry
         error = None
@@ -130,7 +130,7 @@ def run_check(args: argparse.Namespace) -> int:
                 plugin=entry.name, group=entry.group, distribution=entry.distribution,
                 version=entry.version,
             ))
-        options: dict[str, Any] = {}
+        options: dict[str, dict[str, Any]] = {}
         if error is None:
             try:
                 options = _options_schema(load_entry(entry))
