@@ -19,13 +19,14 @@ def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
                               input_size=48, output_size=80, has_bias=bias)
 
 
+@pytest.mark.parametrize("rows", [7, 64])  # below and above OneDNNLinearKernel.min_rows
 @pytest.mark.parametrize("kernel_cls", [TorchLinearKernel, OneDNNLinearKernel])
-def test_kernels_equal_f_linear(kernel_cls) -> None:
+def test_kernels_equal_f_linear(kernel_cls, rows: int) -> None:
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(80, 48), requires_grad=False)
     kernel = kernel_cls(config())
     kernel.process_weights_after_loading(layer)
-    x, bias = torch.randn(7, 48), torch.randn(80)
+    x, bias = torch.randn(rows, 48), torch.randn(80)
     torch.testing.assert_close(kernel.apply(layer, x, bias),
                                torch.nn.functional.linear(x, layer.weight, bias))
 
