@@ -1,5 +1,5 @@
 """engine.testing: pytest plugin (``pytest -p engine.testing``), fixtures, contract suites."""
 
-from engine.testing.fixtures import plugins_on_path, test_plugins_dir
+from engine.testing.fixtures import plugins_on_path, test_plugins_dir, tiny_llama_checkpoint
 
-__all__ = ["plugins_on_path", "test_plugins_dir"]
+__all__ = ["plugins_on_path", "test_plugins_dir", "tiny_llama_checkpoint"]

@@ -22,3 +22,11 @@ def plugins_on_path(test_plugins_dir: Path, monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.syspath_prepend(str(test_plugins_dir))
     monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
     yield test_plugins_dir
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama checkpoint with a byte-level tokenizer and a chat template."""
+    from engine.testing.models import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", "llama")

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core import __version__
 from engine.sdk._version import __version__ as sdk_version
-from engine.server.cli import _generate, _plugins
+from engine.server.cli import _generate, _plugins, _serve
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -23,13 +23,14 @@ def build_parser() -> argparse.ArgumentParser:
         version=f"engine {__version__} (engine-plugin-sdk {sdk_version})",
     )
     parser.add_argument(
-        "--log-level", default="WARNING", choices=["DEBUG", "INFO", "WARNING", "ERROR"],
-        help="logging level (default: WARNING)",
+        "--log-level", default=None, choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: INFO for serve, WARNING otherwise)",
     )
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     _plugins.add_parser(commands)
     _generate.add_parser(commands)
+    _serve.add_parser(commands)
     return parser
 
 
@@ -37,7 +38,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level, format="%(levelname)s %(name)s: %(message)s")
+    level = args.log_level or getattr(args, "default_log_level", "WARNING")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
         status: int = args.handler(args)
     except KeyboardInterrupt:

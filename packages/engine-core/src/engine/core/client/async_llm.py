@@ -1,0 +1,363 @@
+"""``AsyncLLM``: the asynchronous front-end engine the server uses.
+
+It owns the tokenizer, the ``InputProcessor`` (validation, tokenization, ``n`` fan-out)
+and the ``OutputProcessor`` (detokenization, stop strings), and talks to EngineCore
+through an :class:`~engine.core.client.EngineCoreClient`, whichever transport that is::
+
+    engine = AsyncLLM(EngineConfig(model=path))              # in-process EngineCore
+    engine = AsyncLLM(config, client=GrpcCoreClient.factory)  # any transport: a factory
+    await engine.start()
+    async for output in engine.generate("req-1", "Hello", SamplingParams(max_tokens=8)):
+        print(output.outputs[0].text)                        # cumulative, updated in place
+    await engine.shutdown()
+
+One output-handler task reads the client's ``StepOutputs``, applies them to the
+``OutputProcessor``, ends stop-string choices in EngineCore (``finish_requests(...,
+FINISHED_STOPPED)``), wakes the requests whose output changed, and feeds one
+``IterationStats`` per step to every stat logger. If EngineCore dies, every request in
+flight and every later call fails with ``EngineDeadError``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Union
+
+from engine.core.client.core_client import (
+    EngineCoreClient,
+    EngineDeadError,
+    EngineInfo,
+    StepOutputs,
+)
+from engine.core.client.in_process import InProcessCoreClient
+from engine.core.client.iteration_stats import IterationStatsTracker
+from engine.core.client.request_stream import RequestStream
+from engine.core.client.stat_loggers import LoggingStatLogger, StatLoggerSet
+from engine.core.config import EngineConfig
+from engine.core.frontend.input_processor import InputProcessor, PromptType
+from engine.core.frontend.output_processor import OutputProcessor
+from engine.core.llm_engine import eos_token_id_of
+from engine.core.outputs import RequestOutput
+from engine.core.plugin_construction import construct_plugin
+from engine.core.startup import EngineSetup, prepare
+from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
+from engine.core.worker.worker import logits_processor_classes
+from engine.sdk.errors import ValidationError
+from engine.sdk.groups import STAT_LOGGERS
+from engine.sdk.plugin import PluginOptions
+from engine.sdk.sampling_params import SamplingParams
+from engine.sdk.scheduler import RequestStatus
+from engine.sdk.stat_logger import StatLogger, StatLoggerContext
+from engine.sdk.stats import SchedulerStats
+
+logger = logging.getLogger("engine.core")
+
+#: Builds the transport from the resolved setup and the EOS token id.
+CoreClientFactory = Callable[[EngineSetup, Union[int, None]], EngineCoreClient]
+#: Builds a stat logger from its context (a ``StatLogger`` subclass fits).
+StatLoggerFactory = Callable[[StatLoggerContext], StatLogger]
+
+
+def in_process_client(setup: EngineSetup, eos_token_id: int | None) -> EngineCoreClient:
+    """The ``--in-process`` transport: EngineCore on a thread of this process."""
+    return InProcessCoreClient(setup, eos_token_id=eos_token_id)
+
+
+class AsyncLLM:
+    """Front end of one engine; see the module docstring.
+
+    Args:
+        config: The engine's options.
+        client: The EngineCore transport: a :data:`CoreClientFactory` (called with the
+            setup and the EOS id) or a ready :class:`EngineCoreClient`. Default: in-process.
+        setup: A setup already made by ``prepare(config)`` (default: made here).
+        stat_loggers: More stat loggers by name (the server's Prometheus logger), as
+            factories taking a :class:`StatLoggerContext` (see :meth:`add_stat_logger`).
+            ``engine.stat_loggers`` plugins are always added.
+        log_stats: Add the built-in :class:`LoggingStatLogger` (per-request and throughput
+            log lines).
+        log_stats_interval: Seconds between throughput lines (``StatLogger.log`` calls).
+    """
+
+    def __init__(
+        self, config: EngineConfig, *,
+        client: EngineCoreClient | CoreClientFactory | None = None,
+        setup: EngineSetup | None = None,
+        stat_loggers: Mapping[str, StatLoggerFactory] | None = None,
+        log_stats: bool = True, log_stats_interval: float = 10.0,
+    ) -> None:
+        self.config = config
+        self.setup = setup or prepare(config)
+        template = None if config.chat_template is None else read_chat_template(
+            config.chat_template)
+        self._tokenizer = load_tokenizer(self.setup.source, chat_template=template)
+        self.eos_token_id = eos_token_id_of(self._tokenizer, self.setup.hf_config)
+        self.input_processor = InputProcessor(
+            self._tokenizer, max_model_len=self.setup.max_model_len,
+            vocab_size=self.setup.vocab_size,
+            logits_processors=logits_processor_classes(self.setup))
+        self.output_processor = OutputProcessor(self._tokenizer)
+        if client is None:
+            client = in_process_client
+        self.client = client if isinstance(client, EngineCoreClient) else client(
+            self.setup, self.eos_token_id)
+        self._stat_logger_factories = dict(stat_loggers or {})
+        self._log_stats = log_stats
+        self._log_stats_interval = log_stats_interval
+        self.stat_loggers = StatLoggerSet(())
+        self.info: EngineInfo | None = None
+        self._streams: dict[str, RequestStream] = {}
+        self._tracker = IterationStatsTracker()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._dead: EngineDeadError | None = None
+        self._shutting_down = False
+
+    @classmethod
+    async def create(cls, config: EngineConfig, **kwargs: object) -> AsyncLLM:
+        """Build and :meth:`start` an engine (keyword arguments as for the constructor)."""
+        engine = cls(config, **kwargs)  # type: ignore[arg-type]
+        await engine.start()
+        return engine
+
+    # -- properties ------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        """The model's display name."""
+        return self.setup.source.display_name
+
+    @property
+    def max_model_len(self) -> int:
+        """Longest prompt + output."""
+        return self.setup.max_model_len
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        """The model's tokenizer (with the ``--chat-template`` override, if any)."""
+        return self._tokenizer
+
+    @property
+    def dead_error(self) -> EngineDeadError | None:
+        """Why the engine can no longer serve, or None while it can."""
+        return self._dead or self.client.dead_error
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Start EngineCore, the output handler, the stat loggers and their periodic log.
+
+        Raises:
+            EngineDeadError: EngineCore failed to start.
+            PluginError: an ``engine.stat_loggers`` plugin failed to load or construct.
+        """
+        # Import stat-logger plugins first: a broken one stops start-up before weights load.
+        plugin_classes = self.setup.catalog.load_group(STAT_LOGGERS)
+        self.info = await self.client.start()
+        try:
+            self.stat_loggers = StatLoggerSet(self._make_stat_loggers(plugin_classes))
+        except BaseException:
+            await self.client.shutdown()
+            raise
+        self._tasks.append(asyncio.create_task(self._handle_outputs(), name="output-handler"))
+        if self._log_stats_interval > 0:
+            self._tasks.append(asyncio.create_task(self._log_periodically(), name="stat-log"))
+        self.stat_loggers.log_engine_initialized()
+
+    def add_stat_logger(self, name: str, factory: StatLoggerFactory) -> None:
+        """Add a stat logger, built with its context at :meth:`start` (now if started)."""
+        if self.info is None:
+            self._stat_logger_factories[name] = factory
+        else:
+            self.stat_loggers.loggers[name] = factory(self._stat_logger_context(name))
+
+    def _stat_logger_context(self, name: str, options: PluginOptions | None = None,
+                             ) -> StatLoggerContext:
+        info = self.info
+        assert info is not None, "stat logger contexts are made once EngineCore is up"
+        return StatLoggerContext(
+            plugin_name=name, options=options or PluginOptions(), process="frontend",
+            model=self.model_name, max_model_len=info.max_model_len,
+            num_kv_blocks=info.num_kv_blocks, block_size=info.block_size)
+
+    def _make_stat_loggers(self, plugin_classes: Mapping[str, type[StatLogger]],
+                           ) -> list[tuple[str, StatLogger]]:
+        context = self._stat_logger_context
+        loggers: list[tuple[str, StatLogger]] = []
+        if self._log_stats:
+            loggers.append(("logging", LoggingStatLogger(context("logging"))))
+        for name, factory in self._stat_logger_factories.items():
+            loggers.append((name, factory(context(name))))
+        for name, cls in plugin_classes.items():
+            loggers.append((name, self._construct_stat_logger(name, cls)))
+        return loggers
+
+    def _construct_stat_logger(self, name: str, cls: type[StatLogger]) -> StatLogger:
+        def make(options: PluginOptions) -> StatLogger:
+            return cls(self._stat_logger_context(name, options))
+
+        return construct_plugin(self.setup, STAT_LOGGERS, name, cls, make)
+
+    async def shutdown(self) -> None:
+        """Stop EngineCore; requests in flight end with ``EngineDeadError``. Idempotent."""
+        if self._shutting_down:
+            return
+        self._shutting_down = True
+        await self.client.shutdown()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
+
+    # -- requests --------------------------------------------------------------------------
+
+    def add_request(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, *,
+        priority: int = 0, arrival_time: float | None = None,
+    ) -> RequestStream:
+        """Validate, tokenize and queue a request; returns the stream of its outputs.
+
+        Raises:
+            ValidationError: the prompt or the params are invalid (nothing was queued).
+            EngineDeadError: EngineCore is gone.
+        """
+        self._check_alive()
+        if request_id in self._streams:
+            raise ValidationError(f"request id {request_id!r} is already in flight",
+                                  param="request_id")
+        if priority != 0 and self.config.scheduling_policy == "fcfs":
+            raise ValidationError(f"priority {priority} has no effect under the fcfs "
+                                  f"scheduling policy; start the engine with "
+                                  f"--scheduling-policy priority", param="priority")
+        arrival = time.time() if arrival_time is None else arrival_time
+        processed = self.input_processor.process(request_id, prompt, params, priority=priority,
+                                                 arrival_time=arrival)
+        output = self.output_processor.add_request(processed)
+        stream = RequestStream(output, on_close=self.abort)
+        self._streams[request_id] = stream
+        choice_ids = [child.request_id for child in processed.children]
+        self._tracker.add_request(request_id, choice_ids, len(processed.prompt_token_ids),
+                                  arrival)
+        try:
+            self.client.add_requests(processed.children)
+        except BaseException:
+            self._streams.pop(request_id, None)
+            self.output_processor.abort_request(request_id)
+            raise
+        return stream
+
+    async def generate(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, *,
+        priority: int = 0,
+    ) -> AsyncIterator[RequestOutput]:
+        """Run one request; yields its (cumulative) output after each step that changed it.
+
+        The last output has ``finished=True``. Closing or cancelling the iteration (a client
+        disconnect) aborts the request in EngineCore, which frees its KV blocks.
+
+        Raises:
+            ValidationError: before any output, when the request is invalid.
+            EngineDeadError: EngineCore died (before or during the request).
+        """
+        stream = self.add_request(request_id, prompt, params, priority=priority)
+        try:
+            async for output in stream:
+                yield output
+        finally:
+            stream.close()
+
+    def abort(self, request_id: str) -> None:
+        """End a request (all its choices) now; unknown or finished ids are ignored."""
+        stream = self._streams.pop(request_id, None)
+        if stream is None:
+            return
+        choice_ids = self.output_processor.abort_request(request_id)
+        now = time.time()
+        self._tracker.finish(stream.output, now, reason="abort")
+        self.stat_loggers.record(None, self._tracker.take(now))
+        if choice_ids and self.dead_error is None:
+            self.client.abort_requests(choice_ids)
+        stream.notify()
+
+    # -- engine state ----------------------------------------------------------------------
+
+    async def is_healthy(self) -> bool:
+        """True while EngineCore steps and the output handler runs."""
+        if self.dead_error is not None or not self._tasks or self._tasks[0].done():
+            return False
+        return await self.client.is_healthy()
+
+    async def get_stats(self) -> SchedulerStats:
+        """EngineCore's current scheduler stats (also handed to the stat loggers).
+
+        Raises:
+            EngineDeadError: EngineCore is gone.
+        """
+        self._check_alive()
+        stats = await self.client.get_stats()
+        self.stat_loggers.record(stats, None)
+        return stats
+
+    async def reset_prefix_cache(self) -> bool:
+        """Drop cached KV blocks nobody uses; False if some are in use."""
+        self._check_alive()
+        return await self.client.reset_prefix_cache()
+
+    def _check_alive(self) -> None:
+        error = self.dead_error
+        if error is not None:
+            raise error
+        if self._shutting_down:
+            raise EngineDeadError("the engine is shutting down")
+
+    # -- output handling -------------------------------------------------------------------
+
+    async def _handle_outputs(self) -> None:
+        try:
+            async for step in self.client.outputs():
+                self._process_step(step)
+            error = self.client.dead_error or EngineDeadError("EngineCore stopped")
+        except EngineDeadError as exc:
+            error = exc
+        except Exception as exc:
+            logger.exception("the output handler failed")
+            error = EngineDeadError(f"the front end's output handler failed: "
+                                    f"{type(exc).__name__}: {exc}")
+            error.__cause__ = exc
+        if not self._shutting_down:
+            logger.error("engine is dead: %s", error)
+        self._dead = error
+        self._fail_all(error)
+
+    def _process_step(self, step: StepOutputs) -> None:
+        now = step.timestamp or time.time()
+        processed = self.output_processor.process_outputs(step.outputs)
+        if processed.reqs_to_abort:
+            self.client.finish_requests(processed.reqs_to_abort,
+                                        RequestStatus.FINISHED_STOPPED)
+        self._tracker.on_outputs(step.outputs, now)
+        for output in processed.request_outputs:
+            if output.finished:
+                self._tracker.finish(output, now)
+                stream = self._streams.pop(output.request_id, None)
+            else:
+                stream = self._streams.get(output.request_id)
+            if stream is not None:
+                stream.notify()
+        self.stat_loggers.record(step.scheduler_stats, self._tracker.take(now))
+
+    def _fail_all(self, error: EngineDeadError) -> None:
+        streams, self._streams = self._streams, {}
+        for request_id, stream in streams.items():
+            stream.fail(error)  # before abort_request marks the output finished
+            self.output_processor.abort_request(request_id)
+
+    async def _log_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self._log_stats_interval)
+            self.stat_loggers.log()

@@ -1,0 +1,119 @@
+"""Stat loggers in the front end: the built-in log lines, and fan-out to every logger.
+
+``LoggingStatLogger`` writes what vLLM operators expect to read:
+
+* one INFO line per finished request (id, prompt and generated tokens, finish reason,
+  latency, time to first token);
+* a throughput line every ``log()`` (every ~10 s) while the engine is busy: average prompt
+  and generation tokens/s since the previous line, running and waiting requests, KV-cache
+  usage and prefix-cache hit rate.
+
+``StatLoggerSet`` hands each step's stats to every logger (built-ins, the server's
+Prometheus logger, ``engine.stat_loggers`` plugins). A logger that raises is logged once
+with its name and skipped for that call; requests never fail because of a stat logger.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+
+from engine.sdk.stat_logger import StatLogger, StatLoggerContext
+from engine.sdk.stats import IterationStats, SchedulerStats
+
+logger = logging.getLogger("engine.stats")
+
+
+class LoggingStatLogger(StatLogger):
+    """Per-request INFO lines and a periodic throughput line (see the module docstring)."""
+
+    def __init__(self, ctx: StatLoggerContext) -> None:
+        super().__init__(ctx)
+        self._last_log_time = time.monotonic()
+        self._num_prompt_tokens = 0
+        self._num_generation_tokens = 0
+        self._queries = 0
+        self._hits = 0
+        self._last_scheduler_stats = SchedulerStats()
+
+    def record(self, scheduler_stats: SchedulerStats | None,
+               iteration_stats: IterationStats | None) -> None:
+        if scheduler_stats is not None:
+            self._last_scheduler_stats = scheduler_stats
+            self._queries += scheduler_stats.prefix_cache.queries
+            self._hits += scheduler_stats.prefix_cache.hits
+        if iteration_stats is None:
+            return
+        self._num_prompt_tokens += iteration_stats.num_prompt_tokens
+        self._num_generation_tokens += iteration_stats.num_generation_tokens
+        for done in iteration_stats.finished_requests:
+            logger.info(
+                "Finished request %s: prompt_tokens=%d generation_tokens=%d "
+                "finish_reason=%s latency=%.3fs ttft=%.3fs", done.request_id,
+                done.num_prompt_tokens, done.num_generation_tokens, done.finish_reason,
+                done.e2e_latency, done.time_to_first_token)
+
+    def log(self) -> None:
+        now = time.monotonic()
+        elapsed = max(now - self._last_log_time, 1e-9)
+        stats = self._last_scheduler_stats
+        busy = (self._num_prompt_tokens or self._num_generation_tokens
+                or stats.num_running_reqs or stats.num_waiting_reqs)
+        if busy:
+            hit_rate = self._hits / self._queries if self._queries else 0.0
+            logger.info(
+                "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+                "tokens/s, Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
+                "Prefix cache hit rate: %.1f%%", self._num_prompt_tokens / elapsed,
+                self._num_generation_tokens / elapsed, stats.num_running_reqs,
+                stats.num_waiting_reqs, 100 * stats.kv_cache_usage, 100 * hit_rate)
+        self._last_log_time = now
+        self._num_prompt_tokens = self._num_generation_tokens = 0
+        self._queries = self._hits = 0
+
+    def log_engine_initialized(self) -> None:
+        ctx = self.ctx
+        logger.info("Engine ready: model %s, max_model_len %d, %d KV blocks of %d tokens",
+                    ctx.model, ctx.max_model_len, ctx.num_kv_blocks, ctx.block_size)
+
+
+class StatLoggerSet:
+    """Every stat logger of one engine, by name; errors are isolated per logger."""
+
+    def __init__(self, loggers: Sequence[tuple[str, StatLogger]]) -> None:
+        self.loggers = dict(loggers)
+        self._failed: set[tuple[str, str]] = set()
+
+    def record(self, scheduler_stats: SchedulerStats | None,
+               iteration_stats: IterationStats | None) -> None:
+        """Hand one step's stats to every logger."""
+        for name, stat_logger in self.loggers.items():
+            try:
+                stat_logger.record(scheduler_stats, iteration_stats)
+            except Exception:  # noqa: BLE001 - a stat logger must not fail requests
+                self._report(name, "record")
+
+    def log(self) -> None:
+        """Ask every logger for its periodic summary."""
+        for name, stat_logger in self.loggers.items():
+            try:
+                stat_logger.log()
+            except Exception:  # noqa: BLE001
+                self._report(name, "log")
+
+    def log_engine_initialized(self) -> None:
+        """Tell every logger the engine is ready."""
+        for name, stat_logger in self.loggers.items():
+            try:
+                stat_logger.log_engine_initialized()
+            except Exception:  # noqa: BLE001
+                self._report(name, "log_engine_initialized")
+
+    def _report(self, name: str, method: str) -> None:
+        if (name, method) in self._failed:
+            logger.debug("stat logger %r raised in %s() again", name, method)
+            return
+        self._failed.add((name, method))
+        logger.exception("stat logger %r raised in %s(); its stats for this step are lost "
+                         "(further errors are logged at DEBUG)", name, method)

@@ -1,0 +1,188 @@
+"""``POST /v1/chat/completions``: a conversation in, the assistant's reply out.
+
+The conversation is rendered with the tokenizer's chat template (or ``--chat-template``).
+Content may be a string or a list of ``{"type": "text", "text": ...}`` parts; other part
+types (images, audio) are refused: the engine serves text-only models. The ``developer``
+role is passed to the template as ``system``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from engine.core.client.request_stream import RequestStream
+from engine.core.frontend.input_processor import PromptType
+from engine.core.outputs import RequestOutput
+from engine.core.tokenizer import Tokenizer
+from engine.sdk.errors import ValidationError
+from engine.server.logprobs import chat_logprobs
+from engine.server.protocol import (
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatMessage,
+    ChatResponseMessage,
+    DeltaMessage,
+    UsageInfo,
+)
+from engine.server.sampling import chat_params, chat_renames
+from engine.server.state import random_id, server_state
+from engine.server.streaming import (
+    DONE_FRAME,
+    ChoiceCursor,
+    ClientDisconnected,
+    SSEResponse,
+    cancel_on_disconnect,
+    close_all,
+    collect_final,
+    error_frame,
+    merge_streams,
+    sse_frame,
+    start_requests,
+)
+
+router = APIRouter()
+
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+
+
+def _unsupported(param: str, what: str) -> ValidationError:
+    return ValidationError(f"{param}: {what}", param=param)
+
+
+def conversation_of(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
+    """Plain ``{"role", "content"[, "name"]}`` dicts for the chat template.
+
+    Raises:
+        ValidationError: an unsupported role, content part or message field, naming it.
+    """
+    if not messages:
+        raise ValidationError("messages must hold at least one message", param="messages")
+    conversation = []
+    for i, message in enumerate(messages):
+        where = f"messages.{i}"
+        if message.role not in _ROLES:
+            raise _unsupported(f"{where}.role", f"role {message.role!r} is not supported; use "
+                               f"one of {', '.join(_ROLES)} (tool calling is not supported)")
+        for name in ("tool_calls", "tool_call_id", "function_call"):
+            if getattr(message, name) is not None:
+                raise _unsupported(f"{where}.{name}", "tool and function calling is not "
+                                   "supported by this server")
+        content = message.content
+        if isinstance(content, list):
+            texts = []
+            for j, part in enumerate(content):
+                if part.get("type") != "text" or not isinstance(part.get("text"), str):
+                    raise _unsupported(f"{where}.content.{j}", f"content part type "
+                                       f"{part.get('type')!r} is not supported; only "
+                                       f"{{\"type\": \"text\", \"text\": ...}} parts (this "
+                                       f"engine serves text-only models)")
+                texts.append(part["text"])
+            content = "\n".join(texts)
+        entry: dict[str, Any] = {"role": _ROLES[message.role], "content": content or ""}
+        if message.name is not None:
+            entry["name"] = message.name
+        conversation.append(entry)
+    return conversation
+
+
+def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
+                add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None) -> str:
+    """The conversation rendered with the chat template."""
+    return tokenizer.apply_chat_template(conversation_of(messages), add_generation_prompt,
+                                         **dict(template_kwargs or {}))
+
+
+def chat_prompt(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
+                add_generation_prompt: bool,
+                template_kwargs: Mapping[str, Any] | None) -> PromptType:
+    """The rendered conversation as a prompt (text and its token ids)."""
+    text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt,
+                       template_kwargs=template_kwargs)
+    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+
+
+def _usage(output: RequestOutput) -> UsageInfo:
+    prompt = len(output.prompt_token_ids)
+    completion = sum(len(c.token_ids) for c in output.outputs)
+    return UsageInfo(prompt_tokens=prompt, completion_tokens=completion,
+                     total_tokens=prompt + completion)
+
+
+@router.post("/v1/chat/completions", response_model=None)
+async def create_chat_completion(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI's chat completions API (see the module docstring)."""
+    state = server_state(request)
+    model = state.check_model(body.model)
+    params = chat_params(body)
+    engine = state.engine
+    prompt = chat_prompt(engine.tokenizer, body.messages,
+                         add_generation_prompt=body.add_generation_prompt,
+                         template_kwargs=body.chat_template_kwargs)
+    response_id, created = random_id("chatcmpl"), int(time.time())
+    streams = start_requests(engine, response_id, [prompt], params, priority=body.priority,
+                             rename=chat_renames(body))
+    num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
+    if body.stream:
+        include_usage = body.stream_options is not None and body.stream_options.include_usage
+        return SSEResponse(_stream(streams[0], response_id, created, model, params.n,
+                                   num_logprobs, include_usage, body.return_token_ids),
+                           on_close=lambda: close_all(streams))
+    try:
+        (output,) = await cancel_on_disconnect(request, collect_final(streams))
+    except ClientDisconnected:
+        return Response(status_code=499)
+    finally:
+        close_all(streams)
+    choices = [ChatChoice(
+        index=c.index, message=ChatResponseMessage(content=c.text),
+        logprobs=None if num_logprobs is None else chat_logprobs(c.logprobs or [],
+                                                                 num_logprobs),
+        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+        token_ids=c.token_ids if body.return_token_ids else None) for c in output.outputs]
+    response = ChatCompletionResponse(
+        id=response_id, created=created, model=model, choices=choices, usage=_usage(output),
+        prompt_token_ids=output.prompt_token_ids if body.return_token_ids else None)
+    return JSONResponse(response.model_dump())
+
+
+async def _stream(stream: RequestStream, response_id: str, created: int, model: str, n: int,
+                  num_logprobs: int | None, include_usage: bool, return_token_ids: bool,
+                  ) -> AsyncIterator[str]:
+    def chunk(choice: ChatChunkChoice) -> str:
+        return sse_frame(ChatCompletionChunk(id=response_id, created=created, model=model,
+                                             choices=[choice]))
+
+    try:
+        for index in range(n):
+            yield chunk(ChatChunkChoice(index=index,
+                                        delta=DeltaMessage(role="assistant", content="")))
+        cursors = [ChoiceCursor() for _ in range(n)]
+        final = stream.output
+        async for _, output in merge_streams([stream]):
+            final = output
+            for completion in output.outputs:
+                delta = cursors[completion.index].advance(completion)
+                if delta is None:
+                    continue
+                logprobs = None if num_logprobs is None else chat_logprobs(
+                    delta.logprobs or [], num_logprobs)
+                yield chunk(ChatChunkChoice(
+                    index=delta.index,
+                    delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
+                    logprobs=logprobs, finish_reason=delta.finish_reason,
+                    stop_reason=delta.stop_reason if delta.finish_reason else None,
+                    token_ids=delta.token_ids if return_token_ids else None))
+        if include_usage:
+            yield sse_frame(ChatCompletionChunk(id=response_id, created=created, model=model,
+                                                choices=[], usage=_usage(final)))
+    except Exception as exc:  # noqa: BLE001 - reported to the client as an error frame
+        yield error_frame(exc)
+    yield DONE_FRAME

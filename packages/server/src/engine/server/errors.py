@@ -1,0 +1,135 @@
+"""OpenAI-shaped errors: ``{"error": {"message", "type", "param", "code"}}``.
+
+=====  ==========================  =================================================
+ 400   ``invalid_request_error``   malformed JSON, wrong types, unknown or unsupported
+                                   fields, out-of-range values, prompt or max_tokens
+                                   beyond the context, plugin parameters
+                                   (``validate_params``)
+ 401   ``authentication_error``    ``--api-key`` set and the request lacks it (/v1/*)
+ 404   ``invalid_request_error``   unknown model (code ``model_not_found``) or route
+ 503   ``server_error``            the engine is dead or shutting down
+ 500   ``server_error``            a bug (logged with its traceback)
+=====  ==========================  =================================================
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from engine.core.client.core_client import EngineDeadError
+from engine.sdk.errors import ValidationError
+
+logger = logging.getLogger("engine.server")
+
+_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+          404: "invalid_request_error", 405: "invalid_request_error",
+          500: "server_error", 503: "server_error"}
+
+
+class APIError(Exception):
+    """An error answered with ``status`` and the OpenAI error body."""
+
+    def __init__(self, status: int, message: str, *, param: str | None = None,
+                 code: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+def error_body(status: int, message: str, *, param: str | None = None,
+               code: str | None = None) -> dict[str, Any]:
+    """The OpenAI error object for ``status``."""
+    return {"error": {"message": message, "type": _TYPES.get(status, "invalid_request_error"),
+                      "param": param, "code": code}}
+
+
+def error_response(status: int, message: str, *, param: str | None = None,
+                   code: str | None = None) -> JSONResponse:
+    """A JSON response with the OpenAI error body."""
+    return JSONResponse(error_body(status, message, param=param, code=code),
+                        status_code=status)
+
+
+def to_api_error(exc: BaseException) -> APIError:
+    """Map an exception raised while serving a request to its HTTP error."""
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ValidationError):
+        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, EngineDeadError):
+        return APIError(503, f"the engine is not available: {exc}", code="engine_unavailable")
+    logger.error("internal error while serving a request", exc_info=exc)
+    return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
+                    code="internal_error")
+
+
+def _param_of(loc: tuple[Any, ...]) -> str | None:
+    parts = [str(p) for p in loc if p != "body"]
+    # Drop pydantic's union-member tags ("str", "list[int]", "TokenizeChatRequest").
+    parts = [p for p in parts
+             if not ("[" in p or p in {"str", "int", "float", "bool"} or p[:1].isupper())]
+    return ".".join(parts) or None
+
+
+def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
+    """One message (and the first field) for pydantic's errors."""
+    messages = []
+    first_param: str | None = None
+    for error in errors:
+        param = _param_of(tuple(error.get("loc", ())))
+        kind = error.get("type", "")
+        if kind == "json_invalid":
+            ctx = error.get("ctx") or {}
+            messages.append(f"malformed JSON body: {ctx.get('error', error.get('msg'))} "
+                            f"(at character {param})")
+            param = None
+        elif kind == "extra_forbidden":
+            messages.append(f"unknown field {param!r}: this API does not define it")
+        elif kind == "missing":
+            messages.append(f"{param} is required")
+        else:
+            where = f"{param}: " if param else "body: "
+            given = json.dumps(error.get("input"), default=str)[:80]
+            messages.append(f"{where}{error.get('msg')} (got {given})")
+        first_param = first_param or param
+    return "; ".join(dict.fromkeys(messages)), first_param
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error with the OpenAI body and the status in the module docstring."""
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        message, param = describe_validation_errors(list(exc.errors()))
+        return error_response(400, message, param=param)
+
+    @app.exception_handler(ValidationError)
+    async def _validation(request: Request, exc: ValidationError) -> JSONResponse:
+        return error_response(400, str(exc), param=exc.param)
+
+    @app.exception_handler(APIError)
+    async def _api(request: Request, exc: APIError) -> JSONResponse:
+        return error_response(exc.status, exc.message, param=exc.param, code=exc.code)
+
+    @app.exception_handler(EngineDeadError)
+    async def _dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        error = to_api_error(exc)
+        return error_response(error.status, error.message, code=error.code)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return error_response(exc.status_code, str(exc.detail))
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        error = to_api_error(exc)
+        return error_response(error.status, error.message, code=error.code)

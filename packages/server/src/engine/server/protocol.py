@@ -1,0 +1,271 @@
+"""Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra fields.
+
+Every model forbids unknown fields (a typo is a 400 naming the field, never silently
+ignored) and is strict about types (``"0.5"`` is not a temperature). OpenAI fields the
+engine cannot honour are declared so that they get a precise message: they are accepted
+only at their neutral value (see ``UNSUPPORTED`` in :mod:`engine.server.sampling`).
+
+Ranges (``temperature >= 0``, ``top_p`` in (0, 1], ...) are checked by
+``engine.sdk.SamplingParams``, so the HTTP API and ``LLM`` accept exactly the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: Most completions per prompt a request may ask for.
+MAX_N = 128
+#: Most top logprobs per token (completions ``logprobs``, chat ``top_logprobs``).
+MAX_LOGPROBS = 20
+
+#: A completions prompt: text, texts, token ids, or lists of token ids.
+Prompt = Union[str, list[str], list[int], list[list[int]]]
+
+
+class OpenAIModel(BaseModel):
+    """Base of request bodies: unknown fields forbidden, types strict."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class StreamOptions(OpenAIModel):
+    """``stream_options``: with ``include_usage`` a last chunk carries the usage."""
+
+    include_usage: bool = False
+
+
+class SamplingRequest(OpenAIModel):
+    """Fields shared by completions and chat completions."""
+
+    model: str | None = Field(None, description="a served model name; default: the first")
+    n: int = Field(1, description="completions to generate")
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = Field(None, description="accepted and ignored (no per-user state)")
+    # vLLM's extra sampling fields.
+    top_k: int | None = None
+    min_p: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    repetition_penalty: float | None = None
+    stop_token_ids: list[int] | None = None
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+    extra_args: dict[str, Any] | None = Field(None, description="parameters for plugins")
+    vllm_xargs: dict[str, Any] | None = Field(None, description="alias of extra_args")
+    priority: int = 0
+    return_token_ids: bool = Field(False, description="add token ids to the choices")
+    # OpenAI fields this engine cannot honour (400 unless neutral).
+    service_tier: Any = None
+    store: Any = None
+    metadata: Any = None
+
+
+class CompletionRequest(SamplingRequest):
+    """``POST /v1/completions``."""
+
+    prompt: Prompt
+    max_tokens: int | None = 16
+    echo: bool = False
+    logprobs: int | None = None
+    best_of: Any = None
+    suffix: Any = None
+
+
+class ChatMessage(OpenAIModel):
+    """One message of a conversation; ``content`` is text or a list of text parts."""
+
+    role: str
+    content: str | list[dict[str, Any]] | None = None
+    name: str | None = None
+    tool_calls: Any = None
+    tool_call_id: Any = None
+    function_call: Any = None
+    refusal: Any = None
+
+
+class ChatCompletionRequest(SamplingRequest):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessage]
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: Any = None
+    tool_choice: Any = None
+    parallel_tool_calls: Any = None
+    functions: Any = None
+    function_call: Any = None
+    response_format: Any = None
+    audio: Any = None
+    modalities: Any = None
+    prediction: Any = None
+    reasoning_effort: Any = None
+    web_search_options: Any = None
+
+
+class TokenizeCompletionRequest(OpenAIModel):
+    """``POST /tokenize`` with text."""
+
+    model: str | None = None
+    prompt: str
+    add_special_tokens: bool = True
+    return_token_strs: bool = False
+
+
+class TokenizeChatRequest(OpenAIModel):
+    """``POST /tokenize`` with a conversation (rendered with the chat template)."""
+
+    model: str | None = None
+    messages: list[ChatMessage]
+    add_generation_prompt: bool = True
+    add_special_tokens: bool = False
+    return_token_strs: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+
+
+TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+
+
+class DetokenizeRequest(OpenAIModel):
+    """``POST /detokenize``."""
+
+    model: str | None = None
+    tokens: list[int]
+
+
+# -- responses ------------------------------------------------------------------------------
+
+
+class UsageInfo(BaseModel):
+    """Token counts of a response."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    total_tokens: int = 0
+
+
+class CompletionLogProbs(BaseModel):
+    """The completions API's logprobs: parallel lists, one entry per token."""
+
+    text_offset: list[int] = Field(default_factory=list)
+    token_logprobs: list[float | None] = Field(default_factory=list)
+    tokens: list[str] = Field(default_factory=list)
+    top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
+
+
+class CompletionChoice(BaseModel):
+    """One choice of a completion (or of a streamed chunk)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+
+class CompletionResponse(BaseModel):
+    """A completion, or one chunk of a streamed one (same object type, as OpenAI's)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None
+
+
+class TopLogProb(BaseModel):
+    """One alternative token in the chat API's logprobs."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None = None
+
+
+class ChatLogProb(TopLogProb):
+    """The sampled token and the top alternatives at one position."""
+
+    top_logprobs: list[TopLogProb] = Field(default_factory=list)
+
+
+class ChatLogProbs(BaseModel):
+    """The chat API's logprobs."""
+
+    content: list[ChatLogProb] | None = None
+
+
+class ChatResponseMessage(BaseModel):
+    """The assistant's reply."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str | None = None
+
+
+class DeltaMessage(BaseModel):
+    """A streamed piece of the reply."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+
+class ChatChoice(BaseModel):
+    """One choice of a chat completion."""
+
+    index: int
+    message: ChatResponseMessage
+    logprobs: ChatLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatChunkChoice(BaseModel):
+    """One choice of a streamed chat chunk."""
+
+    index: int
+    delta: DeltaMessage
+    logprobs: ChatLogProbs | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+    token_ids: list[int] | None = None
+
+
+class ChatCompletionResponse(BaseModel):
+    """A chat completion."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: UsageInfo
+    system_fingerprint: str | None = None
+    prompt_token_ids: list[int] | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One chunk of a streamed chat completion."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: UsageInfo | None = None
+    system_fingerprint: str | None = None

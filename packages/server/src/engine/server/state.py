@@ -1,0 +1,67 @@
+"""What the routes share: the engine, the server's options, and request helpers."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from fastapi import Request
+
+from engine.core.client.async_llm import AsyncLLM
+from engine.server.errors import APIError
+
+
+@dataclass(frozen=True)
+class ServerArgs:
+    """The server's own options (engine options live in ``EngineConfig``).
+
+    Attributes:
+        served_model_names: Names clients use in ``model``; the first is reported. Default:
+            the model's display name.
+        api_key: When set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        enable_endpoint_plugins: Load allowed ``engine.endpoints`` plugins.
+    """
+
+    served_model_names: tuple[str, ...] = ()
+    api_key: str | None = None
+    enable_endpoint_plugins: bool = True
+
+
+@dataclass
+class ServerState:
+    """Kept on ``app.state.server``."""
+
+    engine: AsyncLLM
+    args: ServerArgs
+    model_names: tuple[str, ...]
+    created: int = field(default_factory=lambda: int(time.time()))
+    metrics: Any = None
+
+    @property
+    def model_name(self) -> str:
+        """The name reported in responses."""
+        return self.model_names[0]
+
+    def check_model(self, model: str | None) -> str:
+        """The served name for ``model`` (None: the default).
+
+        Raises:
+            APIError: 404 for a model this server does not serve.
+        """
+        if model is None or model in self.model_names:
+            return model or self.model_name
+        raise APIError(404, f"The model `{model}` does not exist. This server serves: "
+                       f"{', '.join(self.model_names)}", param="model", code="model_not_found")
+
+
+def server_state(request: Request) -> ServerState:
+    """The shared state of the app serving ``request``."""
+    state: ServerState = request.app.state.server
+    return state
+
+
+def random_id(prefix: str) -> str:
+    """A fresh response id such as ``cmpl-3f2a...``."""
+    return f"{prefix}-{uuid.uuid4().hex}"
