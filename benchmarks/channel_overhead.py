@@ -10,20 +10,28 @@ the table shows medians.
     .venv/bin/python benchmarks/channel_overhead.py
     .venv/bin/python benchmarks/channel_overhead.py --model 100m --repeats 2
 
-``direct`` steps EngineCore in this process. ``grpc`` spawns the EngineCore process and
+``direct`` steps EngineCore in a spawned helper process (fresh, like EngineCore's own, so
+the two differ only by the channel). ``grpc`` spawns the EngineCore process and
 drives it through GrpcCoreClient: requests go in on the stream, one message per step comes
 back, and the time runs until the last request's final output has been decoded here.
-``engine ms/step`` is measured inside EngineCore (spacing of the step timestamps), so
-``grpc ms/step - engine ms/step`` is what the channel adds to each step as the front end sees it.
+``overhead ms/step`` is the difference of the two per-step times; ``delivery ms`` is how
+long after EngineCore finished a step its outputs were decoded in the front end (median
+over steps). ``codec`` times the message of one decode step alone: build + serialise in
+EngineCore (on its loop thread, between steps) and parse + convert in the front end.
+
+On a shared 2-core machine use ``--threads 1``: with two torch threads, other processes
+make OpenMP barriers so slow that the spread between runs dwarfs the channel.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import statistics
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -58,26 +66,46 @@ def run_direct(core: Any, requests: list[Any]) -> tuple[int, float, dict[str, li
 
 async def run_grpc(client: Any, requests: list[Any]
                    ) -> tuple[int, float, float, dict[str, list[int]]]:
+    """Steps, seconds, median delivery latency (ms) and tokens of one run over the channel."""
     tokens: dict[str, list[int]] = {}
     remaining = {r.request_id for r in requests}
-    stamps: list[float] = []
+    latencies: list[float] = []
     outputs = client.outputs()
     start = time.perf_counter()
     client.add_requests(requests)
     steps = 0
     async for step in outputs:
         steps += 1
-        stamps.append(step.timestamp)
         for output in step.outputs:
             tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
             if output.finished:
                 remaining.discard(output.request_id)
+        latencies.append(time.time() - step.timestamp)  # same clock in both processes
         if not remaining:
             break
     elapsed = time.perf_counter() - start
     await outputs.aclose()
-    engine_ms = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1) * 1e3
-    return steps, elapsed, engine_ms, tokens
+    return steps, elapsed, statistics.median(latencies) * 1e3, tokens
+
+
+def codec_us_per_step(num_requests: int, repeats: int = 200) -> tuple[float, float]:
+    """CPU cost of one decode step's message: (EngineCore side, front-end side) in us."""
+    from engine.core.rpc import convert
+    from engine.core.rpc._gen import engine_core_pb2 as pb
+    from engine.sdk.scheduler import EngineCoreOutput
+    from engine.sdk.stats import SchedulerStats
+
+    outputs = [EngineCoreOutput(f"req-{i}", (1000 + i,)) for i in range(num_requests)]
+    start = time.perf_counter()
+    for _ in range(repeats):
+        data = pb.ServerMessage(step=convert.step_outputs_to_proto(
+            outputs, SchedulerStats(), time.time())).SerializeToString()
+    encode = (time.perf_counter() - start) / repeats
+    start = time.perf_counter()
+    for _ in range(repeats):
+        convert.step_outputs_from_proto(pb.ServerMessage.FromString(data).step)
+    decode = (time.perf_counter() - start) / repeats
+    return encode * 1e6, decode * 1e6
 
 
 def build_model(name: str, workdir: Path) -> tuple[Path, int]:
@@ -87,9 +115,26 @@ def build_model(name: str, workdir: Path) -> tuple[Path, int]:
     return build_random_llama(workdir / f"llama-{name}", config), int(config["vocab_size"])
 
 
-async def bench(args: argparse.Namespace, workdir: Path) -> list[tuple[str, int, float, float]]:
+_CORE: Any = None  # the direct path's EngineCore, in its worker process
+
+
+def direct_worker(config_json: str, prompts: list[list[int]], output_len: int, tag: str
+                  ) -> tuple[int, float, dict[str, list[int]]]:
+    """Runs in a spawned process: build EngineCore once, then run the workload on it."""
+    global _CORE
     from engine.core.config import EngineConfig
     from engine.core.engine_core import EngineCore
+    from engine.core.startup import prepare
+
+    if _CORE is None:
+        _CORE = EngineCore(prepare(EngineConfig.model_validate_json(config_json)),
+                           eos_token_id=None)
+    return run_direct(_CORE, make_requests(prompts, output_len, tag))
+
+
+async def bench(args: argparse.Namespace, workdir: Path
+                ) -> list[tuple[str, int, float, float | None]]:
+    from engine.core.config import EngineConfig
     from engine.core.rpc import GrpcCoreClient
     from engine.core.startup import prepare
 
@@ -99,32 +144,39 @@ async def bench(args: argparse.Namespace, workdir: Path) -> list[tuple[str, int,
                           max_num_seqs=max(args.num_prompts, 1), num_threads=args.threads,
                           max_model_len=args.input_len + args.output_len + 16)
     setup = prepare(config)
-    warm = make_requests(prompts[:4], 4, "warm")
+    # The direct path runs in a fresh spawned process too, so the two differ only by the
+    # channel (not by what this process imported or built before).
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    loop = asyncio.get_running_loop()
 
-    core = EngineCore(setup, eos_token_id=None)
+    def direct(r: int, prompts: list[list[int]], output_len: int) -> Any:
+        return loop.run_in_executor(pool, direct_worker, config.model_dump_json(), prompts,
+                                    output_len, f"d{r}")
+
     client = GrpcCoreClient(config, setup.manifest, eos_token_id=None)
     await client.start()
     try:
-        run_direct(core, warm)
-        await run_grpc(client, warm)
-        direct, grpc = [], []
+        await direct(-1, prompts[:4], 4)
+        await run_grpc(client, make_requests(prompts[:4], 4, "warm"))
+        direct_runs, grpc_runs = [], []
         for r in range(args.repeats):  # interleaved, so both see the same machine load
-            direct.append(run_direct(core, make_requests(prompts, args.output_len, f"d{r}")))
-            grpc.append(await run_grpc(client, make_requests(prompts, args.output_len,
-                                                             f"g{r}")))
+            direct_runs.append(await direct(r, prompts, args.output_len))
+            grpc_runs.append(await run_grpc(client, make_requests(prompts, args.output_len,
+                                                              f"g{r}")))
     finally:
         await client.shutdown()
-        core.shutdown()
+        pool.shutdown()
 
-    want = [t for _, t in sorted((int(k.split("-")[1]), v) for k, v in direct[0][2].items())]
-    got = [t for _, t in sorted((int(k.split("-")[1]), v) for k, v in grpc[0][3].items())]
+    want = [t for _, t in sorted((int(k.split("-")[1]), v)
+                                 for k, v in direct_runs[0][2].items())]
+    got = [t for _, t in sorted((int(k.split("-")[1]), v) for k, v in grpc_runs[0][3].items())]
     if want != got:
         raise SystemExit("the gRPC run produced different tokens from the direct run")
-    direct_ms = statistics.median(e / s * 1e3 for s, e, _ in direct)
-    grpc_ms = statistics.median(e / s * 1e3 for s, e, _, _ in grpc)
-    engine_ms = statistics.median(m for _, _, m, _ in grpc)
-    return [("direct", direct[0][0], direct_ms, direct_ms),
-            ("grpc", grpc[0][0], grpc_ms, engine_ms)]
+    direct_ms = statistics.median(e / s * 1e3 for s, e, _ in direct_runs)
+    grpc_ms = statistics.median(e / s * 1e3 for s, e, _, _ in grpc_runs)
+    delivery_ms = statistics.median(m for _, _, m, _ in grpc_runs)
+    return [("direct", direct_runs[0][0], direct_ms, None),
+            ("grpc", grpc_runs[0][0], grpc_ms, delivery_ms)]
 
 
 def main() -> None:
@@ -144,13 +196,18 @@ def main() -> None:
     print(f"\nworkload: {args.num_prompts} prompts x {args.input_len} tokens -> "
           f"{args.output_len} new tokens, greedy, EOS ignored, {args.dtype}, model "
           f"{args.model}, median of {args.repeats}")
-    print(f"{'path':<8} {'steps':>6} {'ms/step':>9} {'engine ms/step':>15} "
-          f"{'overhead ms/step':>17} {'tok/s':>9}")
+    print(f"{'path':<8} {'steps':>6} {'ms/step':>9} {'overhead ms/step':>17} "
+          f"{'delivery ms':>12} {'tok/s':>9}")
+    encode_us, decode_us = codec_us_per_step(args.num_prompts)
     base = rows[0][2]
     tokens = args.num_prompts * args.output_len
-    for name, steps, ms, engine_ms in rows:
-        print(f"{name:<8} {steps:6d} {ms:9.2f} {engine_ms:15.2f} {ms - base:17.2f} "
+    for name, steps, ms, delivery_ms in rows:
+        delivery = "-" if delivery_ms is None else f"{delivery_ms:.2f}"
+        print(f"{name:<8} {steps:6d} {ms:9.2f} {ms - base:17.2f} {delivery:>12} "
               f"{tokens / (steps * ms / 1e3):9.1f}")
+    print(f"codec CPU per decode step of {args.num_prompts} requests: encode + serialise "
+          f"{encode_us:.0f} us (EngineCore's loop thread), parse + decode "
+          f"{decode_us:.0f} us (front end)")
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 #: Flags every test server gets: small, exact, fast to start.
-DEFAULT_SERVER_ARGS = ("--dtype", "float32", "--num-kv-blocks", "128", "--in-process")
+DEFAULT_SERVER_ARGS = ("--dtype", "float32", "--num-kv-blocks", "128")
 
 
 def free_port() -> int:
@@ -64,6 +64,23 @@ class RemoteServer:
     def url_for(self, *parts: str) -> str:
         """``base_url`` joined with ``parts``."""
         return "/".join([self.base_url, *(p.strip("/") for p in parts)])
+
+    def child_pids(self) -> list[int]:
+        """Pids of the server's child processes (the EngineCore process, unless in-process)."""
+        children: list[int] = []
+        for task in Path(f"/proc/{self.process.pid}/task").glob("*"):
+            with contextlib.suppress(OSError):
+                children += [int(p) for p in (task / "children").read_text().split()]
+        return children
+
+    def engine_core_pids(self) -> list[int]:
+        """Pids of spawned EngineCore processes (children started by ``spawn_main``)."""
+        pids = []
+        for pid in self.child_pids():
+            with contextlib.suppress(OSError):
+                if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    pids.append(pid)
+        return pids
 
     def log(self) -> str:
         """The server's log so far."""

@@ -34,6 +34,10 @@ def add_parser(commands: Any) -> None:
     server.add_argument("--in-process", action="store_true",
                         help="run EngineCore on a thread of the server process instead of "
                         "its own process (debugging, tests)")
+    server.add_argument("--engine-address", default=None, metavar="HOST:PORT",
+                        help="serve EngineCore's gRPC channel on TCP HOST:PORT (with a "
+                        "per-launch secret checked on every call) instead of a private unix "
+                        "socket")
     server.add_argument("--graceful-timeout", type=int, default=10,
                         help="seconds requests in flight may take to finish at shutdown")
     server.add_argument("--disable-access-log", action="store_true",
@@ -45,13 +49,22 @@ def add_parser(commands: Any) -> None:
 def core_client_factory(args: argparse.Namespace) -> Any:
     """The EngineCore transport for ``engine serve``: the one place it is chosen.
 
-    ``--in-process`` runs EngineCore on a thread of the server process. The gRPC transport
-    (EngineCore in its own process) will be the default here once it lands; until then
-    every server runs in-process.
+    Default: EngineCore in its own (spawned) process behind gRPC on a private unix socket,
+    or on ``--engine-address`` TCP. ``--in-process`` runs it on a thread of the server
+    process instead.
     """
-    from engine.core.client.async_llm import in_process_client
+    if args.in_process:
+        if args.engine_address:
+            raise ValueError("--engine-address needs EngineCore in its own process; "
+                             "drop --in-process")
+        from engine.core.client.async_llm import in_process_client
 
-    return in_process_client
+        return in_process_client
+    import functools
+
+    from engine.core.rpc import GrpcCoreClient
+
+    return functools.partial(GrpcCoreClient.factory, engine_address=args.engine_address)
 
 
 def run(args: argparse.Namespace) -> int:

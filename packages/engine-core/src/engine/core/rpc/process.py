@@ -1,0 +1,183 @@
+"""The EngineCore process: started with multiprocessing ``spawn`` by ``GrpcCoreClient``.
+
+Life of the process::
+
+    spawn -> watch the parent (exit within ~0.2 s of its death, removing the socket dir)
+          -> EngineConfig + PluginManifest from JSON; prepare(); manifest.verify()
+          -> EngineCore (loads the weights, sizes the KV cache)
+          -> gRPC server on the unix socket (or TCP with the secret)
+          -> "ready" (or the start-up error) to the parent over the pipe
+          -> EngineLoop.run() on the main thread until Shutdown, SIGTERM or an error
+          -> stop the server, shut EngineCore down, exit
+
+SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the front end
+owns shutting EngineCore down.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from types import FrameType
+
+from engine.core.client.core_client import EngineInfo
+from engine.core.config import EngineConfig
+from engine.core.engine_core import EngineCore
+from engine.core.plugins import PluginManifest
+from engine.core.rpc.loop import EngineLoop
+from engine.core.rpc.server import make_server
+from engine.core.startup import prepare
+
+logger = logging.getLogger("engine.core.rpc")
+
+#: How often the child checks that its parent is still alive.
+PARENT_POLL_S = 0.2
+#: Seconds in-flight RPCs get to finish once the loop stopped.
+STOP_GRACE_S = 1.0
+#: Seconds the atexit handlers get before the process ends regardless.
+EXIT_DEADLINE_S = 0.5
+
+
+@dataclass(frozen=True)
+class EngineProcessArgs:
+    """What the parent hands the EngineCore process (plain strings; JSON inside).
+
+    Attributes:
+        config_json: ``EngineConfig.model_dump_json()``.
+        manifest_json: ``PluginManifest.to_json()`` of the front end.
+        eos_token_id: The tokenizer's EOS id, for the sampler.
+        address: ``unix:PATH`` or ``HOST:PORT`` to listen on.
+        secret: Required as call metadata on every call (TCP); None for unix sockets.
+        socket_dir: The per-launch socket directory, removed if the parent dies.
+        log_level: Level for the ``engine`` loggers in this process.
+    """
+
+    config_json: str
+    manifest_json: str
+    eos_token_id: int | None
+    address: str
+    secret: str | None = None
+    socket_dir: str | None = None
+    log_level: int = logging.INFO
+
+
+def _watch_parent(parent_pid: int, socket_dir: str | None) -> None:
+    """Exit the process soon after the parent dies (nobody is left to shut us down)."""
+    while os.getppid() == parent_pid:
+        time.sleep(PARENT_POLL_S)
+    logger.error("EngineCore: the front end process %d is gone; exiting", parent_pid)
+    if socket_dir:
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    _exit(1)
+
+
+def _describe(exc: BaseException) -> str:
+    """One line for the parent: the error and its chain of causes."""
+    parts: list[str] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(parts) < 4:
+        parts.append(f"{type(seen).__name__}: {seen}")
+        seen = seen.__cause__ or seen.__context__
+    return " <- caused by ".join(parts)
+
+
+def _send(conn: Connection, **message: object) -> None:
+    try:
+        conn.send_bytes(json.dumps(message).encode())
+    except OSError:  # the parent is gone; the watcher ends us
+        pass
+
+
+def run_engine_core_process(args: EngineProcessArgs, ready: Connection) -> None:
+    """Entry point of the spawned process: build, serve, exit.
+
+    Sends ``{"ready": address}`` or ``{"error": message}`` over ``ready`` exactly once;
+    exits with status 0 after a clean stop, 1 after an error.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    logging.basicConfig(level=args.log_level, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [EngineCore] %(name)s: %(message)s")
+    parent = multiprocessing.parent_process()  # its pid as recorded at spawn: no race
+    threading.Thread(target=_watch_parent,
+                     args=(parent.pid if parent else os.getppid(), args.socket_dir),
+                     name="engine-core-parent-watch", daemon=True).start()
+    executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="engine-core-grpc")
+    try:
+        core, info = build_engine_core(args)
+        loop = EngineLoop(core)
+        server, bound = make_server(loop, info, args.address, secret=args.secret,
+                                    executor=executor)
+    except BaseException as exc:  # every start-up failure goes to the parent (logged)
+        logger.exception("EngineCore failed to start")
+        _send(ready, error=_describe(exc))
+        ready.close()
+        executor.shutdown(wait=False)
+        _exit(1)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(loop, signum, frame))
+    _send(ready, ready=bound)
+    ready.close()
+    logger.info("EngineCore serving on %s", bound)
+    exit_code = 0
+    try:
+        loop.run()
+    except BaseException:  # noqa: BLE001 - logged by the loop; exit with a status
+        exit_code = 1
+    server.stop(STOP_GRACE_S).wait()
+    executor.shutdown(wait=False, cancel_futures=True)
+    try:
+        core.shutdown()
+    except Exception:  # exiting anyway (logged)
+        logger.exception("EngineCore shutdown failed")
+    logger.info("EngineCore stopped")
+    _exit(exit_code)
+
+
+def _exit(exit_code: int) -> None:
+    """Run the atexit handlers (multiprocessing finalizers, logging), then end the process.
+
+    Skipping the interpreter's own teardown saves 1-2 s with torch loaded, and no
+    non-daemon thread (gRPC's pool) can hold the exit up; should a handler hang, the
+    process still ends after :data:`EXIT_DEADLINE_S`.
+    """
+    def deadline() -> None:
+        time.sleep(EXIT_DEADLINE_S)
+        os._exit(exit_code)
+    threading.Thread(target=deadline, name="engine-core-exit-deadline", daemon=True).start()
+    atexit._run_exitfuncs()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+def _on_sigterm(loop: EngineLoop, signum: int, frame: FrameType | None) -> None:
+    logger.info("EngineCore: SIGTERM, stopping")
+    loop.stop()
+
+
+def build_engine_core(args: EngineProcessArgs) -> tuple[EngineCore, EngineInfo]:
+    """``EngineCore`` and ``EngineInfo`` from the parent's config and manifest.
+
+    Raises:
+        PluginError: this process does not have the front end's plugins.
+        ValidationError, OSError, ...: the model or the config cannot be used.
+    """
+    config = EngineConfig.model_validate_json(args.config_json)
+    manifest = PluginManifest.from_json(args.manifest_json)
+    setup = prepare(config, process="engine_core")
+    manifest.verify(setup.catalog, process="EngineCore")
+    core = EngineCore(setup, eos_token_id=args.eos_token_id)
+    info = EngineInfo(model_name=setup.source.display_name,
+                      max_model_len=setup.max_model_len, num_kv_blocks=core.num_blocks,
+                      block_size=setup.block_size, vocab_size=setup.vocab_size)
+    return core, info
