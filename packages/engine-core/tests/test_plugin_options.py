@@ -23,3 +23,15 @@ def test_option_the_plugin_does_not_declare_names_the_plugin(tiny_llama: Path) -
     message = str(info.value)
     assert "plugin 'fcfs' (group engine.scheduling_policies, distribution engine-core" in message
     assert "aging" in message
+
+
+def test_options_reach_the_model_and_the_attention_backend(tiny_llama: Path) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128)
+    model = llm.llm_engine.core.worker.built.model
+    assert type(model).Options.model_fields == {}  # built-ins declare no options
+    with pytest.raises(PluginError, match="LlamaForCausalLM.*invalid options"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+            plugin_options={"LlamaForCausalLM": {"depth": 3}})
+    with pytest.raises(PluginError, match="'torch'.*invalid options"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+            plugin_options={"torch": {"window": 3}})

@@ -9,7 +9,7 @@ entries, so built-ins and plugins take exactly the same path.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_li
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import BUILTIN_OPS, CustomOp, check_replacement
 from engine.sdk.platform import Platform
+from engine.sdk.plugin import PluginOptions
 
 
 @dataclass(frozen=True)
@@ -36,8 +37,10 @@ class BuiltModel:
     backend: type[AttentionBackend]
 
 
-def resolve_model_class(catalog: PluginCatalog, hf_config: Any) -> type[nn.Module]:
-    """The ``engine.models`` class for the checkpoint's first supported architecture.
+def resolve_model_class(catalog: PluginCatalog, hf_config: Any) -> tuple[str, type[nn.Module]]:
+    """The architecture name and ``engine.models`` class for the checkpoint.
+
+    The first of the checkpoint's architectures that a model implements wins.
 
     Raises:
         PluginError: no architecture of the checkpoint has a model, listing what exists.
@@ -46,7 +49,7 @@ def resolve_model_class(catalog: PluginCatalog, hf_config: Any) -> type[nn.Modul
     for arch in architectures:
         if arch in catalog.names(MODELS):
             cls: type[nn.Module] = catalog.load(MODELS, arch)
-            return cls
+            return arch, cls
     raise PluginError(
         f"no installed model implements the checkpoint's architectures {architectures}; "
         f"available: {', '.join(catalog.names(MODELS)) or '(none)'}. A model plugin registers "
@@ -113,6 +116,23 @@ def make_linear_kernel_selector(
     return selector
 
 
+def _validated_options(
+    catalog: PluginCatalog, group: str, name: str, cls: type,
+    plugin_options: Mapping[str, Mapping[str, Any]],
+) -> PluginOptions:
+    """``cls.Options`` built from the ``--plugin-option`` values for ``name``.
+
+    Raises:
+        PluginError: a value does not validate, naming the plugin and its distribution.
+    """
+    options_cls = getattr(cls, "Options", PluginOptions)
+    try:
+        options: PluginOptions = options_cls(**plugin_options.get(name, {}))
+    except Exception as exc:
+        raise catalog.error(group, name, f"invalid options: {exc}") from exc
+    return options
+
+
 def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int) -> AttentionSpec:
     """The attention spec of a Llama-family config (for backend selection before building)."""
     num_heads = hf_config.num_attention_heads
@@ -133,19 +153,31 @@ def build_model(
     *, catalog: PluginCatalog, platform: type[Platform], hf_config: Any, dtype: torch.dtype,
     block_size: int, attention_backend: str | None, weights: Iterable[tuple[str, torch.Tensor]],
     device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
+    plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> BuiltModel:
-    """Construct the model on ``device``, load ``weights`` and return it in eval mode."""
-    model_cls = resolve_model_class(catalog, hf_config)
+    """Construct the model on ``device``, load ``weights`` and return it in eval mode.
+
+    ``plugin_options`` (``--plugin-option``) reach the model class and the attention
+    backend through their ``Options`` models.
+    """
+    options = plugin_options or {}
+    arch, model_cls = resolve_model_class(catalog, hf_config)
     spec = probe_attention_spec(hf_config, dtype, block_size)
     backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
+    backend_name = attention_backend or platform.default_attention_backend(spec)
     factory = LayerFactory(
         dtype=dtype, block_size=block_size, attention_backend=backend,
+        backend_options=_validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
+                                           options),
         op_classes=resolve_custom_ops(catalog), dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
     )
     with torch.device(device):
-        model = model_cls(ModelContext(hf_config=hf_config, dtype=spec.dtype, layers=factory,
-                                       process="worker"))
+        model = model_cls(ModelContext(
+            plugin_name=arch, process="worker", hf_config=hf_config, dtype=spec.dtype,
+            layers=factory,
+            options=_validated_options(catalog, MODELS, arch, model_cls, options),
+        ))
     model.load_weights(weights)  # type: ignore[operator]
     return BuiltModel(model.eval(), factory, backend)

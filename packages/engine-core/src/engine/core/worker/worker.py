@@ -47,6 +47,7 @@ class Worker:
             attention_backend=setup.attention_backend,
             weights=iter_weights(setup.source, setup.dtype), device=self.device,
             linear_kernel=config.linear_kernel, disabled_kernels=config.disabled_kernels,
+            plugin_options=config.plugin_options,
         )
         layers = self.built.factory.attention_layers
         block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size, setup.dtype)
