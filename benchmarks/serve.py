@@ -7,6 +7,7 @@ output tokens/s, TTFT and inter-token latency p50/p99.
 
     .venv/bin/python benchmarks/serve.py                      # the workload
     .venv/bin/python benchmarks/serve.py --num-prompts 16 --output-len 32 --concurrency 1 16
+    .venv/bin/python benchmarks/serve.py --concurrency 64 --num-threads 1   # + engine flags
 
 Default workload: 64 prompts x 32 tokens in, 128 out, concurrency 1, 16 and 64, on the
 random ~102M Llama (``--model random``) or ``--model default`` / a path. ``vllm bench serve
@@ -88,7 +89,7 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16, 64])
     parser.add_argument("--dtype", default="float32")
-    args = parser.parse_args()
+    args, server_args = parser.parse_known_args()  # the rest goes to `engine serve`
     with tempfile.TemporaryDirectory() as tmp:
         if args.model == "random":
             model = str(build_random_llama(Path(tmp) / "llama-100m", BENCH_LLAMA_100M))
@@ -100,7 +101,8 @@ def main() -> None:
             vocab = 49152
         launch = time.perf_counter()
         server = start_server(model, ["--dtype", args.dtype,
-                                      "--max-num-seqs", str(max(args.concurrency))])
+                                      "--max-num-seqs", str(max(args.concurrency)),
+                                      *server_args])
         ready = time.perf_counter() - launch
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, vocab, (args.num_prompts, args.input_len),
