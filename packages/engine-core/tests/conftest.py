@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def hub_offline() -> Iterator[None]:
+    """No Hugging Face Hub access, even if transformers was imported before this ran."""
+    import huggingface_hub
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
 
 
 @pytest.fixture(scope="session")

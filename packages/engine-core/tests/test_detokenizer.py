@@ -3,23 +3,11 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Iterator
 
-import huggingface_hub
 import pytest
 
 from engine.core.model_loader import resolve_model
 from engine.core.tokenizer import IncrementalDetokenizer, Tokenizer, load_tokenizer
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hub_offline() -> Iterator[None]:
-    """No Hugging Face Hub access, even though transformers was imported before this ran."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
-
 
 REAL_TEXTS = [
     "Hello world! How are you today?",

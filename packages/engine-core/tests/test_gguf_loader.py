@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import gguf
-import huggingface_hub
 import numpy as np
 import pytest
 import torch
@@ -45,16 +44,6 @@ from engine.core.model_loader import (
 )
 from engine.core.model_loader._gguf_reader import _FastGGUFReader, field_value, open_gguf
 from engine.sdk.errors import EngineSDKError, UnsupportedError
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hub_offline() -> Iterator[None]:
-    """No Hugging Face Hub access, even though transformers was imported before this ran."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
-
 
 SMOLLM2_TYPES = {"F32", "Q4_1", "Q8_0"}
 

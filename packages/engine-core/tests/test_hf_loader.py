@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import huggingface_hub
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -21,16 +19,6 @@ from engine.core.model_loader import (
     safetensors_files,
 )
 from engine.sdk.errors import ValidationError
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hub_offline() -> Iterator[None]:
-    """No Hugging Face Hub access, even though transformers was imported before this ran."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
-
 
 # transformers 5 still accepts the legacy `rope_theta` keyword (and 4.x needs it).
 ROPE_THETA: dict[str, Any] = {"rope_theta": 12345.0}

@@ -7,12 +7,10 @@ test_gguf_loader.py), which changes its cost, not its result.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gguf
-import huggingface_hub
 import pytest
 from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
@@ -20,16 +18,6 @@ from engine.core.model_loader import resolve_model
 from engine.core.model_loader._gguf_reader import _FastGGUFReader
 from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
 from engine.sdk.errors import ValidationError
-
-
-@pytest.fixture(scope="module", autouse=True)
-def hub_offline() -> Iterator[None]:
-    """No Hugging Face Hub access, even though transformers was imported before this ran."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
-
 
 TEXTS = [
     "",
