@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine.core.sample.logprobs import compute_logprobs, gather_logprobs
+from engine.core.sample.logprobs import compute_logprobs, gather_logprobs, to_sample_logprobs
 from engine.core.sample.sampler import Sampler
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
@@ -140,9 +140,5 @@ class ModelRunner:
             logprobs = compute_logprobs(self.model.compute_logits(rows))
             targets = torch.tensor(state.prompt_token_ids[start + 1: end + 1], device=self.device)
             gathered = gather_logprobs(logprobs, k, targets)
-            result[req_id] = SampleLogprobs(
-                token_ids=tuple(map(tuple, gathered.token_ids.tolist())),
-                logprobs=tuple(map(tuple, gathered.logprobs.tolist())),
-                sampled_token_ranks=tuple(gathered.ranks.tolist()),
-            )
+            result[req_id] = to_sample_logprobs(gathered, [k] * (end - start))
         return result
