@@ -102,7 +102,7 @@ def main() -> None:
         launch = time.perf_counter()
         server = start_server(model, ["--dtype", args.dtype,
                                       "--max-num-seqs", str(max(args.concurrency)),
-                                      *server_args])
+                                      *server_args], base_args=())
         ready = time.perf_counter() - launch
         gen = torch.Generator().manual_seed(0)
         prompts = torch.randint(3, vocab, (args.num_prompts, args.input_len),

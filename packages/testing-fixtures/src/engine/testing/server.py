@@ -119,11 +119,14 @@ class RemoteServer:
 def start_server(model: str | os.PathLike[str], args: Sequence[str] = (), *,
                  env: Mapping[str, str] | None = None, served_model_name: str | None = None,
                  api_key: str | None = None, startup_timeout: float = 180.0,
-                 log_dir: Path | None = None) -> RemoteServer:
-    """Start ``engine serve MODEL`` with ``DEFAULT_SERVER_ARGS`` + ``args``; wait for /health.
+                 log_dir: Path | None = None,
+                 base_args: Sequence[str] = DEFAULT_SERVER_ARGS) -> RemoteServer:
+    """Start ``engine serve MODEL`` with ``base_args`` + ``args``; wait for /health.
 
     ``served_model_name`` and ``api_key`` add the flags and are remembered by the returned
-    :class:`RemoteServer` (its clients use them).
+    :class:`RemoteServer` (its clients use them). ``base_args`` defaults to the small test
+    settings of ``DEFAULT_SERVER_ARGS`` (128 KV blocks); pass ``()`` to get the engine's
+    own defaults (benchmarks).
 
     Raises:
         RuntimeError: the server exited or did not become healthy in time (with its log).
@@ -136,7 +139,7 @@ def start_server(model: str | os.PathLike[str], args: Sequence[str] = (), *,
     extra = ["--served-model-name", served_model_name] if served_model_name else []
     extra += ["--api-key", api_key] if api_key else []
     command = [sys.executable, "-m", "engine.server.cli", "serve", str(model),
-               "--port", str(port), *DEFAULT_SERVER_ARGS, *extra, *args]
+               "--port", str(port), *base_args, *extra, *args]
     with open(log_path, "wb") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT,
                                    env=dict(env) if env is not None else None)
