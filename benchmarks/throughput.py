@@ -7,6 +7,10 @@ EOS ignored, bfloat16, on a random-initialised Llama (hidden 768, 12 layers, 12 
     .venv/bin/python benchmarks/throughput.py                  # both models
     .venv/bin/python benchmarks/throughput.py --model random --dtype float32
     .venv/bin/python benchmarks/throughput.py --profile        # where the engine's time goes
+    .venv/bin/python benchmarks/throughput.py --in-process     # EngineCore in this process
+
+``LLM`` runs EngineCore in its own process (as ``engine serve`` does) unless
+``--in-process``.
 
 Prints one table: generated tokens per second for each system and the engine's ratio.
 """
@@ -35,7 +39,8 @@ def run_engine(model: str | None, prompts: list[list[int]], args: argparse.Names
     from engine.core import LLM, SamplingParams
 
     llm = LLM(model, dtype=args.dtype, max_model_len=args.input_len + args.output_len + 16,
-              max_num_seqs=max(len(prompts), 1), num_threads=args.threads)
+              max_num_seqs=max(len(prompts), 1), num_threads=args.threads,
+              in_process=args.in_process or args.profile)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]],
                  SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)
@@ -48,6 +53,7 @@ def run_engine(model: str | None, prompts: list[list[int]], args: argparse.Names
     if profiler:
         profiler.disable()
         pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    llm.shutdown()
     generated = sum(len(o.outputs[0].token_ids) for o in outputs)
     assert generated == len(prompts) * args.output_len
     return generated / elapsed
@@ -101,7 +107,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--skip-transformers", action="store_true")
-    parser.add_argument("--profile", action="store_true", help="cProfile the engine's run")
+    parser.add_argument("--profile", action="store_true",
+                        help="cProfile the engine's run (implies --in-process)")
+    parser.add_argument("--in-process", action="store_true",
+                        help="EngineCore in the benchmark's process (default: its own)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from engine.core import LLM
-from engine.core.client.async_llm import AsyncLLM
+from engine.core.client.async_llm import AsyncLLM, in_process_client
 from engine.core.client.core_client import EngineDeadError
 from engine.core.client.in_process import InProcessCoreClient
 from engine.core.config import EngineConfig
@@ -100,7 +100,8 @@ async def test_generate_matches_llm(engine: Any, tiny_llama: Path) -> None:
     prompts = ["Hello", "The quick brown fox", "abc"]
     results = await asyncio.gather(*(_run(llm, str(i), p, GREEDY)
                                      for i, p in enumerate(prompts)))
-    offline = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, plugins="none")
+    offline = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, plugins="none",
+                  in_process=True)
     expected = offline.generate(prompts, GREEDY, use_tqdm=False)
     for outputs, reference in zip(results, expected, strict=True):
         assert outputs[-1].outputs[0].token_ids == reference.outputs[0].token_ids
@@ -204,7 +205,7 @@ async def test_stat_logger_plugins_receive_stats(tiny_llama: Path, plugins_on_pa
 
     before = CountingStatLogger.generation_tokens
     llm = AsyncLLM(_config(tiny_llama).model_copy(update={"plugins": "engine-test-plugin-good"}),
-                   log_stats_interval=0)
+                   log_stats_interval=0, client=in_process_client)
     await llm.start()
     try:
         assert "test_good_counter" in llm.stat_loggers.loggers

@@ -14,7 +14,7 @@ QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 @pytest.fixture(scope="module")
 def llm() -> LLM:
-    return LLM(dtype="float32", max_model_len=512)
+    return LLM(dtype="float32", max_model_len=512, in_process=True)
 
 
 def test_answers_paris(llm: LLM) -> None:

@@ -16,7 +16,7 @@ PROMPT = {"prompt_token_ids": [7, 11, 13, 17, 19, 23]}
 def test_logits_processor_plugin_is_reached_and_selective(
     tiny_llama: Path, plugins_on_path: Path
 ) -> None:
-    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
               plugins="engine-test-plugin-good")
     greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
     [plain] = llm.generate(PROMPT, greedy, use_tqdm=False)
@@ -34,7 +34,7 @@ def test_logits_processor_plugin_is_reached_and_selective(
 def test_scheduling_policy_plugin_decides_the_order(
     tiny_llama: Path, plugins_on_path: Path
 ) -> None:
-    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, max_num_seqs=1,
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, max_num_seqs=1, in_process=True,
               plugins="engine-test-plugin-good", scheduling_policy="test_good_lifo")
     engine = llm.llm_engine
     params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
@@ -52,5 +52,5 @@ def test_broken_plugin_stops_start_up_naming_it(tiny_llama: Path, plugins_on_pat
     from engine.sdk import PluginError
 
     with pytest.raises(PluginError, match="engine-test-plugin-import-error 0.1.0"):
-        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugins="engine-test-plugin-import-error")

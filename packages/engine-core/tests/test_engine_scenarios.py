@@ -17,7 +17,7 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 def make_llm(path: Path, **kwargs: Any) -> LLM:
     options: dict[str, Any] = {"dtype": "float32", "block_size": 4, "num_kv_blocks": 256}
     options.update(kwargs)
-    return LLM(str(path), **options)
+    return LLM(str(path), in_process=True, **options)
 
 
 def run(llm: LLM, prompts: list[list[int]], params: SamplingParams = GREEDY) -> list[list[int]]:

@@ -43,7 +43,7 @@ def kernels_of(llm: LLM) -> set[str]:
 
 
 def test_selection_priority_forced_and_disabled(tiny_llama: Path) -> None:
-    common = {"dtype": "float32", "num_kv_blocks": 128}
+    common = {"dtype": "float32", "num_kv_blocks": 128, "in_process": True}
     assert kernels_of(LLM(str(tiny_llama), **common)) == {"OneDNNLinearKernel"}
     forced = LLM(str(tiny_llama), linear_kernel="torch", **common)
     assert kernels_of(forced) == {"TorchLinearKernel"}

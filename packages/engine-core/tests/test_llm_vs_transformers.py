@@ -16,7 +16,7 @@ PROMPTS = [[5, 9, 33, 7], list(range(40, 77)), [300], list(range(100, 117)) * 2]
 @pytest.mark.parametrize("checkpoint", ["tiny_llama", "tiny_qwen2"])
 def test_greedy_tokens_equal_transformers(checkpoint: str, request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(checkpoint)
-    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=128)
+    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=128, in_process=True)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     expected = hf_greedy(path, PROMPTS, 32)
@@ -28,7 +28,7 @@ def test_logprobs_match_transformers(tiny_llama: Path) -> None:
     """Prompt logprobs are log_softmax of the logits: compare them with transformers'."""
     from transformers import AutoModelForCausalLM
 
-    llm = LLM(str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=64)
+    llm = LLM(str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=64, in_process=True)
     prompt = list(range(10, 30))
     [out] = llm.generate({"prompt_token_ids": prompt},
                          SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),

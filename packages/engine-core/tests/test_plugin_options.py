@@ -12,13 +12,13 @@ from engine.sdk import PluginError, ValidationError
 
 def test_unknown_plugin_option_name_is_refused(tiny_llama: Path) -> None:
     with pytest.raises(ValidationError, match="'fcsf'.*not an allowed plugin.*fcfs"):
-        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"fcsf": {"x": 1}})
 
 
 def test_option_the_plugin_does_not_declare_names_the_plugin(tiny_llama: Path) -> None:
     with pytest.raises(PluginError) as info:
-        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"fcfs": {"aging": 2}})
     message = str(info.value)
     assert "plugin 'fcfs' (group engine.scheduling_policies, distribution engine-core" in message
@@ -26,12 +26,12 @@ def test_option_the_plugin_does_not_declare_names_the_plugin(tiny_llama: Path) -
 
 
 def test_options_reach_the_model_and_the_attention_backend(tiny_llama: Path) -> None:
-    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128)
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True)
     model = llm.llm_engine.core.worker.built.model
     assert type(model).Options.model_fields == {}  # built-ins declare no options
     with pytest.raises(PluginError, match="LlamaForCausalLM.*invalid options"):
-        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"LlamaForCausalLM": {"depth": 3}})
     with pytest.raises(PluginError, match="'torch'.*invalid options"):
-        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128,
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"torch": {"window": 3}})

@@ -66,6 +66,11 @@ class EngineCore:
         """Queue a request (validated and tokenized by the front end)."""
         self.scheduler.add_request(request)
 
+    def add_requests(self, requests: Iterable[EngineRequest]) -> None:
+        """Queue several requests."""
+        for request in requests:
+            self.scheduler.add_request(request)
+
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """End requests now; their blocks are freed."""
         self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)

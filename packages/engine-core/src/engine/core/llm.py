@@ -36,17 +36,39 @@ def _is_single_prompt(prompts: Any) -> bool:
 class LLM:
     """An engine for offline batch generation.
 
+    EngineCore (scheduler, KV cache, model) runs in its own spawned process behind gRPC,
+    as under ``engine serve``; ``in_process=True`` runs it in this process with direct
+    calls instead (debugging, tests that inspect the model). Both give the same tokens.
+    :meth:`shutdown` (or ``with LLM(...) as llm:``) stops it; so do garbage collection and
+    interpreter exit.
+
     Args:
         model: A Hugging Face directory or a ``.gguf`` file; None for the built-in default.
         dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
+        in_process: Run EngineCore in this process instead of its own.
         **kwargs: Any other :class:`~engine.core.config.EngineConfig` field
             (``max_num_seqs``, ``num_kv_blocks``, ``enable_prefix_caching``, ...).
+
+    Raises:
+        pydantic.ValidationError: an option is invalid (the message names it).
+        EngineDeadError: EngineCore's process failed to start (with its error).
     """
 
-    def __init__(self, model: str | None = None, *, dtype: str = "auto", **kwargs: Any) -> None:
+    def __init__(self, model: str | None = None, *, dtype: str = "auto",
+                 in_process: bool = False, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine(EngineConfig.model_validate(
-            {"model": model, "dtype": dtype, **kwargs}))
+            {"model": model, "dtype": dtype, **kwargs}), in_process=in_process)
         self._ids = itertools.count()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.shutdown()
+
+    def shutdown(self) -> None:
+        """Stop EngineCore (its process, if it has one); idempotent."""
+        self.llm_engine.shutdown()
 
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer."""
@@ -82,7 +104,7 @@ class LLM:
             engine.process_request(str(next(self._ids)), prompt, p, priority=prio)
             for prompt, p, prio in zip(items, params_list, priorities, strict=True)
         ]
-        outputs = [engine.add_processed_request(request) for request in processed]
+        outputs = engine.add_processed_requests(processed)
         self._run(len(outputs), use_tqdm)
         return outputs
 

@@ -1,19 +1,27 @@
-"""``LLMEngine``: front end + EngineCore in one process, driven step by step.
+"""``LLMEngine``: the synchronous front end, driven step by step.
 
 It validates and tokenizes requests (``InputProcessor``), feeds EngineCore, and turns its
 outputs into ``RequestOutput``s (``OutputProcessor``). ``LLM`` drives it to completion;
-the server drives the same pieces asynchronously.
+the server drives the same pieces asynchronously (``AsyncLLM``).
+
+EngineCore runs in its own spawned process behind gRPC (the default, as under
+``engine serve``: the front end's tokenization and detokenization overlap the model's
+steps), or with ``in_process=True`` in this process with direct calls, where tests and
+debuggers reach every seam (``engine.core.worker.built.model``, exceptions in the caller).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import weakref
+from typing import Any, Union
 
+from engine.core.client.sync_client import SyncCoreClient
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore
 from engine.core.frontend.input_processor import InputProcessor, ProcessedRequest, PromptType
 from engine.core.frontend.output_processor import OutputProcessor
 from engine.core.outputs import RequestOutput
+from engine.core.rpc.launch import EngineLaunch
 from engine.core.startup import EngineSetup, prepare
 from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
 from engine.core.worker.worker import logits_processor_classes
@@ -31,17 +39,50 @@ def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:
     return eos if isinstance(eos, int) else None
 
 
-class LLMEngine:
-    """Synchronous engine: ``add_request`` then ``step()`` until nothing is unfinished."""
+#: EngineCore as ``LLMEngine`` uses it: in this process, or a spawned one behind gRPC.
+CoreHandle = Union[EngineCore, SyncCoreClient]
 
-    def __init__(self, config: EngineConfig, *, setup: EngineSetup | None = None) -> None:
+
+
+
+class LLMEngine:
+    """Synchronous engine: ``add_request`` then ``step()`` until nothing is unfinished.
+
+    Args:
+        config: The engine's options.
+        setup: A setup already made by ``prepare(config)`` (default: made here).
+        in_process: Run EngineCore in this process (direct calls) instead of its own.
+
+    Raises:
+        EngineDeadError: EngineCore's process failed to start (with its error).
+    """
+
+    def __init__(self, config: EngineConfig, *, setup: EngineSetup | None = None,
+                 in_process: bool = False) -> None:
         self.config = config
-        self.setup = setup or prepare(config)
-        template = None if config.chat_template is None else read_chat_template(
-            config.chat_template)
-        self.tokenizer = load_tokenizer(self.setup.source, chat_template=template)
-        self.eos_token_id = eos_token_id_of(self.tokenizer, self.setup.hf_config)
-        self.core = EngineCore(self.setup, eos_token_id=self.eos_token_id)
+        self.in_process = in_process
+        # EngineCore's process starts first: its imports and config reading overlap ours.
+        launch = None if in_process else EngineLaunch.spawn(config)
+        try:
+            self.setup = setup or prepare(config)
+            template = None if config.chat_template is None else read_chat_template(
+                config.chat_template)
+            self.tokenizer = load_tokenizer(self.setup.source, chat_template=template)
+            self.eos_token_id = eos_token_id_of(self.tokenizer, self.setup.hf_config)
+            self.core: CoreHandle
+            if launch is None:
+                self.core = EngineCore(self.setup, eos_token_id=self.eos_token_id)
+            else:
+                from engine.core.rpc import GrpcCoreClient  # grpc: only for this transport
+
+                self.core = SyncCoreClient(GrpcCoreClient.factory(
+                    self.setup, self.eos_token_id, launch=launch))
+        except BaseException:
+            if launch is not None:
+                launch.cancel()
+            raise
+        # Stop EngineCore when the engine is garbage-collected or at interpreter exit.
+        self._finalizer = weakref.finalize(self, self.core.shutdown)
         self.input_processor = InputProcessor(
             self.tokenizer, max_model_len=self.setup.max_model_len,
             vocab_size=self.setup.vocab_size,
@@ -61,10 +102,19 @@ class LLMEngine:
 
     def add_processed_request(self, request: ProcessedRequest) -> RequestOutput:
         """Queue a request returned by :meth:`process_request`."""
-        output = self.output_processor.add_request(request)
-        for child in request.children:
-            self.core.add_request(child)
-        return output
+        return self.add_processed_requests([request])[0]
+
+    def add_processed_requests(self, requests: list[ProcessedRequest]) -> list[RequestOutput]:
+        """Queue requests returned by :meth:`process_request` (one message to EngineCore)."""
+        outputs = [self.output_processor.add_request(request) for request in requests]
+        children = [child for request in requests for child in request.children]
+        try:
+            self.core.add_requests(children)
+        except BaseException:
+            for request in requests:
+                self.output_processor.abort_request(request.request_id)
+            raise
+        return outputs
 
     def add_request(self, request_id: str, prompt: PromptType, params: SamplingParams,
                     *, priority: int = 0) -> RequestOutput:
@@ -89,5 +139,5 @@ class LLMEngine:
         return processed.request_outputs
 
     def shutdown(self) -> None:
-        """Stop the engine."""
-        self.core.shutdown()
+        """Stop the engine (and EngineCore's process); idempotent."""
+        self._finalizer()

@@ -4,8 +4,8 @@ It owns the tokenizer, the ``InputProcessor`` (validation, tokenization, ``n`` f
 and the ``OutputProcessor`` (detokenization, stop strings), and talks to EngineCore
 through an :class:`~engine.core.client.EngineCoreClient`, whichever transport that is::
 
-    engine = AsyncLLM(EngineConfig(model=path))              # in-process EngineCore
-    engine = AsyncLLM(config, client=GrpcCoreClient.factory)  # any transport: a factory
+    engine = AsyncLLM(EngineConfig(model=path))              # EngineCore in its own process
+    engine = AsyncLLM(config, client=in_process_client)      # any transport: a factory
     await engine.start()
     async for output in engine.generate("req-1", "Hello", SamplingParams(max_tokens=8)):
         print(output.outputs[0].text)                        # cumulative, updated in place
@@ -73,7 +73,9 @@ class AsyncLLM:
     Args:
         config: The engine's options.
         client: The EngineCore transport: a :data:`CoreClientFactory` (called with the
-            setup and the EOS id) or a ready :class:`EngineCoreClient`. Default: in-process.
+            setup and the EOS id) or a ready :class:`EngineCoreClient`. Default: EngineCore
+            in its own spawned process behind gRPC (``GrpcCoreClient.factory``); pass
+            :func:`in_process_client` to run it on a thread of this process.
         setup: A setup already made by ``prepare(config)`` (default: made here).
         stat_loggers: More stat loggers by name (the server's Prometheus logger), as
             factories taking a :class:`StatLoggerContext` (see :meth:`add_stat_logger`).
@@ -102,7 +104,9 @@ class AsyncLLM:
             logits_processors=logits_processor_classes(self.setup))
         self.output_processor = OutputProcessor(self._tokenizer)
         if client is None:
-            client = in_process_client
+            from engine.core.rpc import GrpcCoreClient
+
+            client = GrpcCoreClient.factory
         self.client = client if isinstance(client, EngineCoreClient) else client(
             self.setup, self.eos_token_id)
         self._stat_logger_factories = dict(stat_loggers or {})

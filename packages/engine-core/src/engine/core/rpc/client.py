@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import logging
 import shutil
-import weakref
 from collections.abc import AsyncIterator, Sequence
 from multiprocessing.process import BaseProcess
 from typing import Any
@@ -42,15 +41,7 @@ from engine.core.plugins import PluginManifest
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
-from engine.core.rpc.launch import (
-    channel_args,
-    client_address,
-    describe_exit,
-    reap,
-    spawn_engine_core,
-    wait_ready,
-)
-from engine.core.rpc.process import EngineProcessArgs
+from engine.core.rpc.launch import EngineLaunch, describe_exit
 from engine.core.rpc.server import CHANNEL_OPTIONS, SECRET_METADATA_KEY
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import EngineRequest, RequestStatus
@@ -79,27 +70,33 @@ class GrpcCoreClient(EngineCoreClient):
         engine_address: ``host:port`` to serve EngineCore on TCP (with a per-launch secret);
             None (default) for a private unix socket.
         startup_timeout: Seconds to wait for the process to load the model and listen.
+        launch: A process already spawned for ``config`` by :meth:`EngineLaunch.spawn`
+            (started early, so its start-up overlaps the front end's); this client takes
+            it over. Default: spawn one in :meth:`start`.
     """
 
     def __init__(self, config: EngineConfig, manifest: PluginManifest, *,
                  eos_token_id: int | None, engine_address: str | None = None,
-                 startup_timeout: float = 600.0) -> None:
+                 startup_timeout: float = 600.0, launch: EngineLaunch | None = None) -> None:
         self._init_state()
         self._config, self._manifest, self._eos_token_id = config, manifest, eos_token_id
         self._engine_address = engine_address
         self._startup_timeout = startup_timeout
+        self._launch = launch
         self._spawn = True
 
     @classmethod
     def factory(cls, setup: EngineSetup, eos_token_id: int | None, *,
-                engine_address: str | None = None,
-                startup_timeout: float = 600.0) -> GrpcCoreClient:
+                engine_address: str | None = None, startup_timeout: float = 600.0,
+                launch: EngineLaunch | None = None) -> GrpcCoreClient:
         """A client for ``setup`` (``AsyncLLM(config, client=GrpcCoreClient.factory)``).
 
-        Bind the keywords with ``functools.partial`` for TCP or another timeout.
+        Bind the keywords with ``functools.partial`` for TCP, another timeout, or a process
+        spawned early (``launch``).
         """
         return cls(setup.config, setup.manifest, eos_token_id=eos_token_id,
-                   engine_address=engine_address, startup_timeout=startup_timeout)
+                   engine_address=engine_address, startup_timeout=startup_timeout,
+                   launch=launch)
 
     @classmethod
     def connect(cls, address: str, *, secret: str | None = None) -> GrpcCoreClient:
@@ -114,7 +111,7 @@ class GrpcCoreClient(EngineCoreClient):
         self._secret: str | None = None
         self._socket_dir: str | None = None
         self._process: BaseProcess | None = None
-        self._finalizer: weakref.finalize[Any, Any] | None = None
+        self._launch = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._channel: grpc.aio.Channel | None = None
         self._stub: pb_grpc.EngineCoreStub | None = None
@@ -182,21 +179,15 @@ class GrpcCoreClient(EngineCoreClient):
         return info
 
     async def _spawn_process(self) -> None:
-        address, self._secret, self._socket_dir = channel_args(self._engine_address)
-        args = EngineProcessArgs(
-            config_json=self._config.model_dump_json(), manifest_json=self._manifest.to_json(),
-            eos_token_id=self._eos_token_id, address=address, secret=self._secret,
-            socket_dir=self._socket_dir, log_level=logging.getLogger("engine").getEffectiveLevel())
-        process, reader = spawn_engine_core(args)
-        self._process = process
-        self._finalizer = weakref.finalize(self, reap, process, self._socket_dir)
-        try:
-            self._address = client_address(
-                await wait_ready(reader, process, self._startup_timeout))
-        finally:
-            reader.close()
+        launch = self._launch or EngineLaunch.spawn(self._config,
+                                                   engine_address=self._engine_address)
+        self._launch = launch
+        self._process, self._secret, self._socket_dir = (launch.process, launch.secret,
+                                                         launch.socket_dir)
+        launch.send_settings(self._manifest, self._eos_token_id)
+        self._address = await launch.wait_ready(self._startup_timeout)
         assert self._loop is not None
-        self._loop.add_reader(process.sentinel, self._on_process_exit)
+        self._loop.add_reader(launch.process.sentinel, self._on_process_exit)
 
     def _open_channel(self) -> None:
         assert self._address is not None
@@ -356,8 +347,8 @@ class GrpcCoreClient(EngineCoreClient):
             await self._channel.close()
         if self._socket_dir:
             shutil.rmtree(self._socket_dir, ignore_errors=True)
-        if self._finalizer is not None:
-            self._finalizer.detach()
+        if self._launch is not None:
+            self._launch.detach()
         if self._dead is None:
             self._dead = EngineDeadError("EngineCore was shut down")
         self._outputs.put_nowait(_END)

@@ -1,10 +1,22 @@
-"""Starting the EngineCore process: private channel, spawn, wait for readiness.
+"""Starting the EngineCore process: private channel, spawn, settings, readiness.
 
-The front end (``GrpcCoreClient``) chooses the channel (:func:`channel_args`): a unix socket
-in a fresh directory with mode 0700, or TCP with a per-launch secret. It then spawns the
-process (:func:`spawn_engine_core`, multiprocessing ``spawn``: never ``fork``, which would
-copy the front end's threads and event loop) and waits for its one readiness message, or
-its start-up error, on a pipe (:func:`wait_ready`).
+:meth:`EngineLaunch.spawn` chooses the channel (:func:`channel_args`: a unix socket in a
+fresh directory with mode 0700, or TCP with a per-launch secret) and spawns the process
+(multiprocessing ``spawn``: never ``fork``, which would copy the front end's threads and
+event loop) from the config alone, so it can start as early as possible: the process
+imports torch and reads the model's config while the front end does the same. What only
+the front end knows later (its plugin manifest, the tokenizer's EOS id) follows over a
+pipe (:meth:`EngineLaunch.send_settings`); the process waits for it before it builds
+anything from plugins, then sends one readiness message, or its start-up error, back
+(:meth:`EngineLaunch.wait_ready`)::
+
+    launch = EngineLaunch.spawn(config)          # right after the command line is parsed
+    ...                                          # the front end's own start-up, in parallel
+    launch.send_settings(manifest, eos_token_id)
+    address = await launch.wait_ready(timeout)
+
+Whoever spawned it owns it until a ``GrpcCoreClient`` takes it over; :meth:`cancel` (also
+run at garbage collection and interpreter exit) kills and reaps it.
 """
 
 from __future__ import annotations
@@ -12,18 +24,22 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
 import multiprocessing
 import os
 import secrets
 import shutil
 import signal
 import tempfile
+import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
 from engine.core.client.core_client import EngineDeadError
-from engine.core.rpc.process import EngineProcessArgs, run_engine_core_process
+from engine.core.config import EngineConfig
+from engine.core.plugins import PluginManifest
+from engine.core.rpc.process import EngineProcessArgs, EngineSettings, run_engine_core_process
 
 SOCKET_NAME = "engine_core.sock"
 
@@ -68,17 +84,6 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
-def spawn_engine_core(args: EngineProcessArgs) -> tuple[BaseProcess, Connection]:
-    """Start the EngineCore process; returns it and the pipe its readiness arrives on."""
-    context = multiprocessing.get_context("spawn")
-    reader, writer = context.Pipe(duplex=False)
-    process = context.Process(target=run_engine_core_process, args=(args, writer),
-                              name="EngineCore", daemon=False)  # daemons cannot have workers
-    process.start()
-    writer.close()
-    return process, reader
-
-
 async def wait_ready(reader: Connection, process: BaseProcess, timeout: float) -> str:
     """The address the process listens on, once it is ready.
 
@@ -111,6 +116,79 @@ async def wait_ready(reader: Connection, process: BaseProcess, timeout: float) -
     await asyncio.to_thread(process.join, 5)
     raise EngineDeadError(f"EngineCore exited before it was ready "
                           f"({describe_exit(process.exitcode)})")
+
+
+class EngineLaunch:
+    """One spawned EngineCore process, from spawn until a client owns it (module docstring).
+
+    Attributes:
+        process: The EngineCore process.
+        address: Where it will listen (``unix:PATH`` or ``host:port``).
+        secret: The per-launch secret (TCP), None for the unix socket.
+        socket_dir: The per-launch 0700 directory of the unix socket, None for TCP.
+    """
+
+    def __init__(self, process: BaseProcess, ready: Connection, settings: Connection,
+                 address: str, secret: str | None, socket_dir: str | None) -> None:
+        self.process = process
+        self.address, self.secret, self.socket_dir = address, secret, socket_dir
+        self._ready, self._settings = ready, settings
+        self._finalizer = weakref.finalize(self, reap, process, socket_dir)
+
+    @classmethod
+    def spawn(cls, config: EngineConfig, *, engine_address: str | None = None,
+              log_level: int | None = None) -> EngineLaunch:
+        """Start the EngineCore process for ``config`` now (returns at once).
+
+        Args:
+            config: The engine configuration (sent as JSON).
+            engine_address: ``host:port`` for TCP with a secret; None: a private unix socket.
+            log_level: Level of the process's ``engine`` loggers (default: this process's).
+        """
+        address, secret, socket_dir = channel_args(engine_address)
+        level = logging.getLogger("engine").getEffectiveLevel() if log_level is None \
+            else log_level
+        args = EngineProcessArgs(config_json=config.model_dump_json(), address=address,
+                                 secret=secret, socket_dir=socket_dir, log_level=level)
+        context = multiprocessing.get_context("spawn")
+        ready_reader, ready_writer = context.Pipe(duplex=False)
+        settings_reader, settings_writer = context.Pipe(duplex=False)
+        process = context.Process(target=run_engine_core_process,
+                                  args=(args, ready_writer, settings_reader),
+                                  name="EngineCore", daemon=False)  # daemons cannot fork
+        process.start()
+        ready_writer.close()
+        settings_reader.close()
+        return cls(process, ready_reader, settings_writer, address, secret, socket_dir)
+
+    def send_settings(self, manifest: PluginManifest, eos_token_id: int | None) -> None:
+        """Hand the process what the front end resolved; it builds EngineCore from it."""
+        settings = EngineSettings(manifest_json=manifest.to_json(), eos_token_id=eos_token_id)
+        with contextlib.suppress(OSError):  # it already died: wait_ready() says why
+            self._settings.send_bytes(settings.to_json().encode())
+        self._settings.close()
+
+    async def wait_ready(self, timeout: float) -> str:
+        """The address to connect to, once the process is ready.
+
+        Raises:
+            EngineDeadError: with the process's start-up error, its exit status, or the
+                timeout.
+        """
+        try:
+            return client_address(await wait_ready(self._ready, self.process, timeout))
+        finally:
+            self._ready.close()
+
+    def detach(self) -> None:
+        """A client took the process over: no more killing it at garbage collection."""
+        self._finalizer.detach()
+
+    def cancel(self) -> None:
+        """Kill and reap the process, remove the socket directory; idempotent."""
+        self._finalizer()
+        for conn in (self._ready, self._settings):
+            conn.close()
 
 
 def reap(process: BaseProcess, socket_dir: str | None) -> None:

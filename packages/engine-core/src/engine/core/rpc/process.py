@@ -3,7 +3,8 @@
 Life of the process::
 
     spawn -> watch the parent (exit within ~0.2 s of its death, removing the socket dir)
-          -> EngineConfig + PluginManifest from JSON; prepare(); manifest.verify()
+          -> EngineConfig from JSON; prepare() (imports torch, reads the model's config)
+          -> wait for the front end's EngineSettings (manifest, EOS id); manifest.verify()
           -> EngineCore (loads the weights, sizes the KV cache)
           -> gRPC server on the unix socket (or TCP with the secret)
           -> "ready" (or the start-up error) to the parent over the pipe
@@ -12,6 +13,10 @@ Life of the process::
 
 SIGINT is ignored: Ctrl-C in a terminal reaches the whole process group, and the front end
 owns shutting EngineCore down.
+
+This module is imported by the front end to spawn the process, before it has imported
+torch itself (``engine serve`` starts EngineCore first thing), so the modules that need
+torch or gRPC are imported inside the functions that run in the child.
 """
 
 from __future__ import annotations
@@ -30,14 +35,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from types import FrameType
+from typing import TYPE_CHECKING
 
 from engine.core.client.core_client import EngineInfo
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore
 from engine.core.plugins import PluginManifest
-from engine.core.rpc.loop import EngineLoop
-from engine.core.rpc.server import make_server
-from engine.core.startup import prepare
+
+if TYPE_CHECKING:
+    from engine.core.engine_core import EngineCore
+    from engine.core.rpc.loop import EngineLoop
 
 logger = logging.getLogger("engine.core.rpc")
 
@@ -51,12 +57,10 @@ EXIT_DEADLINE_S = 0.5
 
 @dataclass(frozen=True)
 class EngineProcessArgs:
-    """What the parent hands the EngineCore process (plain strings; JSON inside).
+    """What the parent hands the EngineCore process at spawn (plain strings; JSON inside).
 
     Attributes:
         config_json: ``EngineConfig.model_dump_json()``.
-        manifest_json: ``PluginManifest.to_json()`` of the front end.
-        eos_token_id: The tokenizer's EOS id, for the sampler.
         address: ``unix:PATH`` or ``HOST:PORT`` to listen on.
         secret: Required as call metadata on every call (TCP); None for unix sockets.
         socket_dir: The per-launch socket directory, removed if the parent dies.
@@ -64,12 +68,43 @@ class EngineProcessArgs:
     """
 
     config_json: str
-    manifest_json: str
-    eos_token_id: int | None
     address: str
     secret: str | None = None
     socket_dir: str | None = None
     log_level: int = logging.INFO
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """What the front end resolved after the spawn, sent over the settings pipe.
+
+    Attributes:
+        manifest_json: ``PluginManifest.to_json()`` of the front end.
+        eos_token_id: The tokenizer's EOS id, for the sampler.
+    """
+
+    manifest_json: str
+    eos_token_id: int | None
+
+    def to_json(self) -> str:
+        """One JSON object."""
+        return json.dumps({"manifest": self.manifest_json, "eos_token_id": self.eos_token_id})
+
+    @classmethod
+    def receive(cls, conn: Connection) -> EngineSettings:
+        """Block until the front end sends its settings.
+
+        Raises:
+            RuntimeError: the front end closed the pipe without sending them (it failed).
+        """
+        try:
+            data = json.loads(conn.recv_bytes())
+        except EOFError:
+            raise RuntimeError("the front end stopped before it sent EngineCore its "
+                               "settings") from None
+        finally:
+            conn.close()
+        return cls(manifest_json=data["manifest"], eos_token_id=data["eos_token_id"])
 
 
 def _watch_parent(parent_pid: int, socket_dir: str | None) -> None:
@@ -99,9 +134,11 @@ def _send(conn: Connection, **message: object) -> None:
         pass
 
 
-def run_engine_core_process(args: EngineProcessArgs, ready: Connection) -> None:
+def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
+                            settings: Connection) -> None:
     """Entry point of the spawned process: build, serve, exit.
 
+    Reads one :class:`EngineSettings` from ``settings`` once the model's config is read.
     Sends ``{"ready": address}`` or ``{"error": message}`` over ``ready`` exactly once;
     exits with status 0 after a clean stop, 1 after an error.
     """
@@ -114,7 +151,10 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection) -> None:
                      name="engine-core-parent-watch", daemon=True).start()
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="engine-core-grpc")
     try:
-        core, info = build_engine_core(args)
+        from engine.core.rpc.loop import EngineLoop
+        from engine.core.rpc.server import make_server
+
+        core, info = build_engine_core(args, settings)
         loop = EngineLoop(core)
         server, bound = make_server(loop, info, args.address, secret=args.secret,
                                     executor=executor)
@@ -165,18 +205,24 @@ def _on_sigterm(loop: EngineLoop, signum: int, frame: FrameType | None) -> None:
     loop.stop()
 
 
-def build_engine_core(args: EngineProcessArgs) -> tuple[EngineCore, EngineInfo]:
-    """``EngineCore`` and ``EngineInfo`` from the parent's config and manifest.
+def build_engine_core(args: EngineProcessArgs, settings: Connection,
+                      ) -> tuple[EngineCore, EngineInfo]:
+    """``EngineCore`` and ``EngineInfo`` from the parent's config and settings.
 
     Raises:
         PluginError: this process does not have the front end's plugins.
+        RuntimeError: the front end stopped before it sent its settings.
         ValidationError, OSError, ...: the model or the config cannot be used.
     """
+    from engine.core.engine_core import EngineCore
+    from engine.core.startup import prepare
+
     config = EngineConfig.model_validate_json(args.config_json)
-    manifest = PluginManifest.from_json(args.manifest_json)
     setup = prepare(config, process="engine_core")
-    manifest.verify(setup.catalog, process="EngineCore")
-    core = EngineCore(setup, eos_token_id=args.eos_token_id)
+    received = EngineSettings.receive(settings)
+    PluginManifest.from_json(received.manifest_json).verify(setup.catalog,
+                                                            process="EngineCore")
+    core = EngineCore(setup, eos_token_id=received.eos_token_id)
     info = EngineInfo(model_name=setup.source.display_name,
                       max_model_len=setup.max_model_len, num_kv_blocks=core.num_blocks,
                       block_size=setup.block_size, vocab_size=setup.vocab_size)

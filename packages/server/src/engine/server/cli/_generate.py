@@ -21,6 +21,8 @@ def add_parser(commands: Any) -> None:
     parser.add_argument("--chat", action="store_true",
                         help="send each prompt as a user message through the chat template")
     parser.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    parser.add_argument("--in-process", action="store_true",
+                        help="run EngineCore in this process instead of its own (debugging)")
     sampling = parser.add_argument_group("sampling options")
     sampling.add_argument("--max-tokens", type=int, default=64, help="tokens to generate at most")
     sampling.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
@@ -44,6 +46,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``engine generate``."""
     from engine.core import LLM, SamplingParams
+    from engine.core.client.core_client import EngineDeadError
     from engine.sdk.errors import EngineSDKError
 
     try:
@@ -55,12 +58,13 @@ def run(args: argparse.Namespace) -> int:
             seed=args.sampling_seed, max_tokens=args.max_tokens, min_tokens=args.min_tokens,
             stop=tuple(args.stop or ()), ignore_eos=args.ignore_eos, logprobs=args.logprobs,
         )
-        llm = LLM(**config.model_dump())
-        if args.chat:
-            outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params)
-        else:
-            outputs = llm.generate(args.prompt, params)
-    except (EngineSDKError, ValueError) as exc:
+        with LLM(**config.model_dump(), in_process=args.in_process) as llm:
+            if args.chat:
+                outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt],
+                                   params)
+            else:
+                outputs = llm.generate(args.prompt, params)
+    except (EngineSDKError, ValueError, EngineDeadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for prompt, output in zip(args.prompt, outputs, strict=True):

@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from engine.core.rpc.launch import EngineLaunch
 from engine.server.cli._engine_args import add_engine_args, engine_config_from_args
 
 
@@ -46,17 +47,14 @@ def add_parser(commands: Any) -> None:
     parser.set_defaults(handler=run, default_log_level="INFO")
 
 
-def core_client_factory(args: argparse.Namespace) -> Any:
+def core_client_factory(args: argparse.Namespace, launch: EngineLaunch | None) -> Any:
     """The EngineCore transport for ``engine serve``: the one place it is chosen.
 
-    Default: EngineCore in its own (spawned) process behind gRPC on a private unix socket,
-    or on ``--engine-address`` TCP. ``--in-process`` runs it on a thread of the server
-    process instead.
+    Default: EngineCore in its own process (``launch``, spawned already) behind gRPC on a
+    private unix socket, or on ``--engine-address`` TCP. ``--in-process`` runs it on a
+    thread of the server process instead.
     """
-    if args.in_process:
-        if args.engine_address:
-            raise ValueError("--engine-address needs EngineCore in its own process; "
-                             "drop --in-process")
+    if launch is None:
         from engine.core.client.async_llm import in_process_client
 
         return in_process_client
@@ -64,24 +62,41 @@ def core_client_factory(args: argparse.Namespace) -> Any:
 
     from engine.core.rpc import GrpcCoreClient
 
-    return functools.partial(GrpcCoreClient.factory, engine_address=args.engine_address)
+    return functools.partial(GrpcCoreClient.factory, engine_address=args.engine_address,
+                             launch=launch)
 
 
 def run(args: argparse.Namespace) -> int:
-    """``engine serve``."""
+    """``engine serve``.
+
+    EngineCore's process is spawned as soon as the config is valid, before this process
+    imports torch and the server, so both start up in parallel.
+    """
     from engine.core.client.core_client import EngineDeadError
     from engine.sdk.errors import EngineSDKError
-    from engine.server.api_server import ListenArgs, run_server
-    from engine.server.state import ServerArgs
 
+    launch: EngineLaunch | None = None
     try:
         config = engine_config_from_args(args, model=args.model)
+        if args.in_process and args.engine_address:
+            raise ValueError("--engine-address needs EngineCore in its own process; "
+                             "drop --in-process")
+        if not args.in_process:
+            launch = EngineLaunch.spawn(config, engine_address=args.engine_address)
+
+        from engine.server.api_server import ListenArgs, run_server
+        from engine.server.state import ServerArgs
+
         server_args = ServerArgs(served_model_names=tuple(args.served_model_name or ()),
                                  api_key=args.api_key)
         listen = ListenArgs(host=args.host, port=args.port,
                             graceful_timeout=args.graceful_timeout,
                             access_log=not args.disable_access_log)
-        return run_server(config, server_args, listen, client=core_client_factory(args))
+        return run_server(config, server_args, listen,
+                          client=core_client_factory(args, launch))
     except (EngineSDKError, ValueError, EngineDeadError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if launch is not None:
+            launch.cancel()  # no-op once a client took the process over and stopped it
