@@ -42,7 +42,12 @@ from engine.core.model_loader import (
     load_gguf_config,
     resolve_model,
 )
-from engine.core.model_loader._gguf_reader import _FastGGUFReader, field_value, open_gguf
+from engine.core.model_loader._gguf_reader import (
+    PlainViewGGUFReader,
+    _FastGGUFReader,
+    field_value,
+    open_gguf,
+)
 from engine.sdk.errors import EngineSDKError, UnsupportedError
 
 SMOLLM2_TYPES = {"F32", "Q4_1", "Q8_0"}
@@ -53,7 +58,7 @@ def fast_transformers_gguf() -> Iterator[None]:
     """Make transformers' GGUF loading cheaper without changing its results (see top)."""
     cached_map = functools.cache(gguf.get_tensor_name_map)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf, "GGUFReader", _FastGGUFReader)
+        mp.setattr(gguf, "GGUFReader", PlainViewGGUFReader)
         mp.setattr(gguf, "get_tensor_name_map", cached_map)
         yield
 
@@ -536,6 +541,8 @@ def test_fast_reader_matches_stock_reader(tmp_path: Path) -> None:
     writer.add_array("t.strs", ["a", "ß", "", "<|im_end|>"])
     writer.add_array("t.ints", [1, -2, 3])
     writer.add_array("t.floats", [0.5, 1.5])
+    writer.add_array("t.bools", [True, False])
+    writer.add_array("t.empty", [])
     writer.add_tensor("a", np.arange(12, dtype=np.float32).reshape(3, 4))
     writer.add_tensor("b", np.arange(64, dtype=np.float16).reshape(2, 32))
     writer.add_tensor(
@@ -546,15 +553,20 @@ def test_fast_reader_matches_stock_reader(tmp_path: Path) -> None:
     writer.write_tensors_to_file()
     writer.close()
 
-    fast, stock = _FastGGUFReader(str(path)), gguf.GGUFReader(str(path))
-    assert list(fast.fields) == list(stock.fields)
+    plain, fast = PlainViewGGUFReader(str(path)), _FastGGUFReader(str(path))
+    stock = gguf.GGUFReader(str(path))
+    assert list(plain.fields) == list(fast.fields) == list(stock.fields)
     for key, field in stock.fields.items():
-        our_field = fast.fields[key]
-        assert our_field.types == field.types, key
-        assert our_field.data == field.data, key
-        assert [bytes(p) for p in our_field.parts] == [bytes(p) for p in field.parts], key
-        assert field_value(our_field) == field.contents(), key
-    assert fast.data_offset == stock.data_offset
+        drop_in, our_field = plain.fields[key], fast.fields[key]
+        # The drop-in replacement has the stock reader's very parts.
+        assert (drop_in.types, drop_in.data) == (field.types, field.data), key
+        assert [bytes(p) for p in drop_in.parts] == [bytes(p) for p in field.parts], key
+        # The engine's reader decodes arrays in one pass: same values, types and lengths.
+        assert field_value(our_field) == field_value(drop_in) == field.contents(), key
+        assert len(our_field.data) == len(field.data), key
+        if field.types[0] != gguf.GGUFValueType.ARRAY or len(field.types) > 1:
+            assert our_field.types == field.types, key
+    assert plain.data_offset == fast.data_offset == stock.data_offset
     for ours, theirs in zip(fast.tensors, stock.tensors, strict=True):
         assert (ours.name, ours.tensor_type, ours.shape.tolist()) == (
             theirs.name,

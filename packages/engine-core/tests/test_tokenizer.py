@@ -15,7 +15,7 @@ import pytest
 from transformers import AutoTokenizer, LlamaConfig, PreTrainedTokenizerBase
 
 from engine.core.model_loader import resolve_model
-from engine.core.model_loader._gguf_reader import _FastGGUFReader
+from engine.core.model_loader._gguf_reader import PlainViewGGUFReader
 from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
 from engine.sdk.errors import ValidationError
 
@@ -55,7 +55,7 @@ def ours() -> Tokenizer:
 def reference() -> PreTrainedTokenizerBase:
     source = resolve_model(None)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(gguf, "GGUFReader", _FastGGUFReader)
+        mp.setattr(gguf, "GGUFReader", PlainViewGGUFReader)
         return AutoTokenizer.from_pretrained(
             str(source.path), gguf_file=source.gguf_file, local_files_only=True
         )
