@@ -106,7 +106,7 @@ class _FastGGUFReader(PlainViewGGUFReader):
         count = int(self._get(offs + 4, np.uint64)[0])
         start = pos = offs + 12
         if item_type == GGUFValueType.STRING:
-            buffer = memoryview(self._plain())
+            buffer = self._plain().data  # a memoryview of the mapping
             values: list[Any] = []
             for _ in range(count):
                 (length,) = struct.unpack_from("<Q", buffer, pos)
