@@ -11,7 +11,7 @@ output tokens/s, TTFT and inter-token latency p50/p99.
 
 Default workload: 64 prompts x 32 tokens in, 128 out, concurrency 1, 16 and 64, on the
 random ~102M Llama (``--model random``) or ``--model default`` / a path. ``vllm bench serve
---backend openai --base-url ...`` also works against the same server.
+--backend openai --base-url ...`` speaks the same protocol (streaming completions).
 """
 
 from __future__ import annotations
