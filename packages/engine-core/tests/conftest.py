@@ -14,7 +14,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 @pytest.fixture(scope="session", autouse=True)
 def hub_offline() -> Iterator[None]:
     """No Hugging Face Hub access, even if transformers was imported before this ran."""
-    import huggingface_hub
+    import huggingface_hub.constants
 
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("HF_HUB_OFFLINE", "1")

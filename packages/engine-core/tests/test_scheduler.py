@@ -1,12 +1,10 @@
-"""The default scheduler driven against a fake worker that honours SchedulerOutput.
+"""The default scheduler driven against the contract suite's fake worker.
 
-The fake worker keeps per-request state exactly as a real one must (new requests in full,
-cached ones as deltas, finished and preempted ids dropped) and a fake KV cache: every
-scheduled token writes ``(position, token)`` into its slot, and the "model" samples the
-next token from the context it reads back through the block table, after checking that
-every slot holds what the request expects. A wrong block table, a wrong prefix-cache hit
-or a stale cached block therefore changes tokens or fails loudly, and any run can be
-compared with a reference computed without a scheduler.
+``engine.testing.contracts.SchedulerDriver`` (the harness plugin authors get) drives the
+scheduler against a fake worker and KV cache whose model reads every token back through
+the block tables; ``Sim`` below adds checks of the default scheduler's internals (block
+reference counts, cached block contents). ``test_scheduler_contract.py`` runs the published
+suite itself.
 """
 
 from __future__ import annotations
@@ -21,35 +19,17 @@ import pytest
 from engine.core.kv_cache import BlockHash
 from engine.core.scheduler import PriorityPolicy, Scheduler
 from engine.sdk import (
-    EngineCoreOutput,
-    EngineRequest,
-    ModelRunnerOutput,
     RequestStatus,
     RequestView,
-    SamplingParams,
     SchedulerContext,
     SchedulerOutput,
     SchedulingPolicy,
     SchedulingPolicyContext,
 )
+from engine.testing.contracts import FAKE_VOCAB_SIZE, SchedulerDriver, reference_tokens
 
-VOCAB_SIZE = 1000
+VOCAB_SIZE = FAKE_VOCAB_SIZE
 BLOCK_SIZE = 4
-
-
-def model_next_token(context: Sequence[int]) -> int:
-    """The fake model: a deterministic function of the whole context."""
-    acc = 0
-    for position, token in enumerate(context):
-        acc = (acc * 31 + token * (position + 1)) % 1_000_003
-    return acc % VOCAB_SIZE
-
-
-def reference_tokens(prompt: Sequence[int], max_tokens: int) -> list[int]:
-    context = list(prompt)
-    for _ in range(max_tokens):
-        context.append(model_next_token(context))
-    return context[len(prompt) :]
 
 
 def make_scheduler(policy: SchedulingPolicy | None = None, **overrides: Any) -> Scheduler:
@@ -68,179 +48,28 @@ def policy_ctx() -> SchedulingPolicyContext:
     return SchedulingPolicyContext(plugin_name="test")
 
 
-# -- the fake worker -----------------------------------------------------------------
+# -- the driver: the published contract harness + the default scheduler's internals ---
 
 
 @dataclass
-class WorkerRequest:
-    token_ids: list[int]
-    block_ids: list[int]
-    num_computed_tokens: int
-    params: SamplingParams
-
-
-class FakeWorker:
-    """Applies a SchedulerOutput as a worker would and samples from a fake KV cache."""
-
-    def __init__(self, block_size: int, num_blocks: int) -> None:
-        self.block_size = block_size
-        # Block ids are 1..num_blocks (0 is the null block), as in the workers.
-        self.kv: list[tuple[int, int] | None] = [None] * (block_size * (num_blocks + 1))
-        self.requests: dict[str, WorkerRequest] = {}
-        self.num_partial_chunks = 0
-
-    def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        # Order matters: drop finished and preempted requests before adding new ones.
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            assert new.req_id not in self.requests, f"{new.req_id} sent as new twice"
-            self.requests[new.req_id] = WorkerRequest(
-                [*new.prompt_token_ids, *new.output_token_ids],
-                list(new.block_ids),
-                new.num_computed_tokens,
-                new.sampling_params,
-            )
-        cached = out.scheduled_cached_reqs
-        for req_id, new_block_ids, num_computed in zip(
-            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True
-        ):
-            state = self.requests[req_id]  # KeyError: a delta for an unknown request
-            assert state.num_computed_tokens == num_computed, req_id
-            state.block_ids.extend(new_block_ids)
-        scheduled = [new.req_id for new in out.scheduled_new_reqs] + list(cached.req_ids)
-        assert sorted(scheduled) == sorted(out.num_scheduled_tokens)
-        self._write_kv(out)
-        return self._sample(out)
-
-    def slot(self, state: WorkerRequest, position: int) -> int:
-        block_id = state.block_ids[position // self.block_size]
-        return block_id * self.block_size + position % self.block_size
-
-    def _write_kv(self, out: SchedulerOutput) -> None:
-        written: set[int] = set()
-        for req_id, num_tokens in out.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            end = state.num_computed_tokens + num_tokens
-            assert num_tokens > 0 and end <= len(state.token_ids)
-            assert len(state.block_ids) == -(-end // self.block_size), "block table size"
-            for position in range(state.num_computed_tokens, end):
-                slot = self.slot(state, position)
-                assert slot not in written, f"slot {slot} written twice in one step"
-                written.add(slot)
-                self.kv[slot] = (position, state.token_ids[position])
-
-    def _sample(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        req_ids: list[str] = []
-        sampled: list[tuple[int, ...]] = []
-        for req_id, num_tokens in out.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            state.num_computed_tokens += num_tokens
-            req_ids.append(req_id)
-            if state.num_computed_tokens < len(state.token_ids):
-                self.num_partial_chunks += 1
-                sampled.append(())
-                continue
-            context = [self.read(state, pos) for pos in range(len(state.token_ids))]
-            token = model_next_token(context)
-            state.token_ids.append(token)  # the worker keeps its own copy of the sequence
-            sampled.append((token,))
-        return ModelRunnerOutput(req_ids=tuple(req_ids), sampled_token_ids=tuple(sampled))
-
-    def read(self, state: WorkerRequest, position: int) -> int:
-        entry = self.kv[self.slot(state, position)]
-        expected = (position, state.token_ids[position])
-        assert entry == expected, f"KV slot holds {entry}, expected {expected}"
-        return expected[1]
-
-
-# -- the driver ----------------------------------------------------------------------
-
-
-@dataclass
-class Sim:
-    """Drives scheduler + worker, checking invariants after every step."""
+class Sim(SchedulerDriver):
+    """``SchedulerDriver`` plus checks of the default scheduler's block pool and cache."""
 
     scheduler: Scheduler
-    worker: FakeWorker = field(init=False)
-    outputs: dict[str, list[int]] = field(default_factory=dict)
-    finish_reasons: dict[str, str] = field(default_factory=dict)
-    core_outputs: dict[str, list[EngineCoreOutput]] = field(default_factory=dict)
-    steps: list[SchedulerOutput] = field(default_factory=list)
-    live_ids: set[str] = field(default_factory=set)
     hash_contents: dict[BlockHash, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
-    max_num_scheduled_reqs: int = 0
-
-    def __post_init__(self) -> None:
-        ctx = self.scheduler.ctx
-        self.worker = FakeWorker(ctx.block_size, ctx.num_kv_blocks)
-
-    def add(self, request_id: str, prompt: Sequence[int], **params: Any) -> None:
-        params.setdefault("max_tokens", 8)
-        priority = params.pop("priority", 0)
-        request = EngineRequest(
-            request_id=request_id,
-            prompt_token_ids=tuple(prompt),
-            sampling_params=SamplingParams(**params),
-            arrival_time=float(len(self.outputs)),
-            priority=priority,
-        )
-        self.scheduler.add_request(request)
-        self.outputs[request_id] = []
-        self.live_ids.add(request_id)
-
-    def abort(self, request_ids: Sequence[str]) -> None:
-        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
-        for request_id in request_ids:
-            if request_id in self.live_ids:
-                self.finish_reasons[request_id] = "abort"
-            self.live_ids.discard(request_id)
-
-    def step(self) -> SchedulerOutput:
-        out = self.scheduler.schedule()
-        self.steps.append(out)
-        self.check_step(out)
-        self.record_hashes(out)
-        runner_output = self.worker.execute(out)
-        for core in self.scheduler.update_from_output(out, runner_output):
-            self.outputs[core.request_id].extend(core.new_token_ids)
-            self.core_outputs.setdefault(core.request_id, []).append(core)
-            if core.finish_reason is not None:
-                self.finish_reasons[core.request_id] = core.finish_reason
-                self.live_ids.discard(core.request_id)
-        self.check_blocks()
-        self.check_cached_block_contents()
-        return out
-
-    def run(self, max_steps: int = 10_000, on_step: Callable[[int], None] | None = None) -> None:
-        for index in range(max_steps):
-            if not self.scheduler.has_unfinished_requests():
-                break
-            if on_step is not None:
-                on_step(index)
-            self.step()
-        else:
-            raise AssertionError(f"not finished after {max_steps} steps")
-        self.step()  # deliver the last finished ids to the worker
-        assert_all_blocks_free(self.scheduler)
-        assert self.worker.requests == {}
-
-    # -- invariants ------------------------------------------------------------------
 
     def check_step(self, out: SchedulerOutput) -> None:
-        ctx = self.scheduler.ctx
-        counts = out.num_scheduled_tokens
-        assert out.total_num_scheduled_tokens == sum(counts.values())
-        assert out.total_num_scheduled_tokens <= ctx.max_num_batched_tokens
-        assert all(n > 0 for n in counts.values())
-        assert len(counts) <= ctx.max_num_seqs
-        assert self.scheduler.num_running_reqs <= ctx.max_num_seqs
-        self.max_num_scheduled_reqs = max(self.max_num_scheduled_reqs, len(counts))
-        new_ids = {new.req_id for new in out.scheduled_new_reqs}
-        assert not new_ids & set(out.scheduled_cached_reqs.req_ids)
-        assert not out.preempted_req_ids & set(counts)
-        for new in out.scheduled_new_reqs:  # a resumed request carries its output so far
-            assert list(new.output_token_ids) == self.outputs[new.req_id]
+        super().check_step(out)
+        assert self.scheduler.num_running_reqs <= self.scheduler.ctx.max_num_seqs
+        self.record_hashes(out)
+
+    def after_step(self, out: SchedulerOutput) -> None:
+        self.check_blocks()
+        self.check_cached_block_contents()
+
+    def run(self, max_steps: int = 10_000, on_step: Callable[[int], None] | None = None) -> None:
+        super().run(max_steps, on_step)
+        assert_all_blocks_free(self.scheduler)
 
     def check_blocks(self) -> None:
         kv = self.scheduler.kv_cache_manager

@@ -9,18 +9,38 @@ from engine.testing.contracts._batch_sim import (
     SimRequest,
     SimStats,
 )
+from engine.testing.contracts._scheduler_sim import (
+    FAKE_VOCAB_SIZE,
+    FakeWorker,
+    SchedulerDriver,
+    fake_next_token,
+    reference_tokens,
+)
 from engine.testing.contracts.logits_processors import (
     ConformanceReport,
     ReferenceFn,
     check_logits_processor,
 )
+from engine.testing.contracts.schedulers import (
+    SchedulerFactory,
+    SchedulerReport,
+    check_scheduler,
+)
 
 __all__ = [
+    "FAKE_VOCAB_SIZE",
     "BatchSimConfig",
     "BatchSimulator",
     "ConformanceReport",
+    "FakeWorker",
     "ReferenceFn",
+    "SchedulerDriver",
+    "SchedulerFactory",
+    "SchedulerReport",
     "SimRequest",
     "SimStats",
     "check_logits_processor",
+    "check_scheduler",
+    "fake_next_token",
+    "reference_tokens",
 ]
