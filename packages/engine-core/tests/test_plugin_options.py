@@ -32,6 +32,28 @@ def test_options_reach_the_model_and_the_attention_backend(tiny_llama: Path) -> 
     with pytest.raises(PluginError, match="LlamaForCausalLM.*invalid options"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"LlamaForCausalLM": {"depth": 3}})
-    with pytest.raises(PluginError, match="'torch'.*invalid options"):
+    with pytest.raises(PluginError, match="'torch'.*attention_backends.*invalid options"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
+            plugin_options={"attention_backends:torch": {"window": 3}})
+
+
+def test_same_named_plugins_of_two_groups_need_the_group(tiny_llama: Path) -> None:
+    # `torch` is both an attention backend and a linear kernel.
+    with pytest.raises(ValidationError, match="'torch' is ambiguous.*attention_backends:torch"
+                       ".*linear_kernels:torch"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"torch": {"window": 3}})
+    with pytest.raises(ValidationError, match="'engine.schedulers:torch'.*not an allowed"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
+            plugin_options={"schedulers:torch": {"x": 1}})
+
+
+def test_qualified_options_override_plain_ones() -> None:
+    from engine.core.config import EngineConfig
+
+    config = EngineConfig(plugin_options={
+        "fcfs": {"a": 1, "b": 1}, "scheduling_policies:fcfs": {"b": 2},
+        "engine.schedulers:default": {"c": 3}, "my_module:MyClass": {"d": 4}})
+    assert config.options_for("engine.scheduling_policies", "fcfs") == {"a": 1, "b": 2}
+    assert config.options_for("engine.schedulers", "default") == {"c": 3}
+    assert config.options_for("engine.schedulers", "my_module:MyClass") == {"d": 4}

@@ -11,7 +11,21 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.sdk.groups import GROUPS
+
 DType = Literal["auto", "bfloat16", "float16", "float32"]
+
+
+def qualified_plugin_name(key: str) -> str:
+    """``attention_backends:torch`` -> ``engine.attention_backends:torch``.
+
+    A key whose part before ``:`` is not an entry-point group (``module:Class``, a plain
+    name) is returned unchanged.
+    """
+    group, sep, name = key.partition(":")
+    if sep and not group.startswith("engine."):
+        group = f"engine.{group}"
+    return f"{group}:{name}" if sep and group in GROUPS else key
 
 
 class EngineConfig(BaseModel):
@@ -65,8 +79,23 @@ class EngineConfig(BaseModel):
         None, description="plugin allowlist overriding ENGINE_PLUGINS: 'none', or "
         "distribution names and group:name entries separated by commas")
     plugin_options: dict[str, dict[str, Any]] = Field(
-        default_factory=dict, description="options per plugin name, as given by "
-        "--plugin-option NAME.KEY=VALUE")
+        default_factory=dict, description="options per plugin, as given by "
+        "--plugin-option [GROUP:]NAME.KEY=VALUE; GROUP (e.g. attention_backends) picks one "
+        "of several plugins with the same name")
+
+    @field_validator("plugin_options")
+    @classmethod
+    def _qualify_plugin_option_groups(
+            cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {qualified_plugin_name(key): options for key, options in value.items()}
+
+    def options_for(self, group: str, name: str) -> dict[str, Any]:
+        """The ``--plugin-option`` values of plugin ``name`` in ``group``.
+
+        Values given as ``GROUP:NAME`` override those given as plain ``NAME``.
+        """
+        return {**self.plugin_options.get(name, {}),
+                **self.plugin_options.get(f"{group}:{name}", {})}
 
     @field_validator("model")
     @classmethod

@@ -20,7 +20,7 @@ def construct_plugin(setup: EngineSetup, group: str, name: str, cls: type[Plugin
             and its distribution.
     """
     try:
-        return make(cls.Options(**setup.config.plugin_options.get(name, {})))
+        return make(cls.Options(**setup.config.options_for(group, name)))
     except Exception as exc:
         raise setup.catalog.error(
             group, name, f"constructing it failed: {type(exc).__name__}: {exc}") from exc

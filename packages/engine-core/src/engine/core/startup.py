@@ -79,19 +79,37 @@ def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
 
 
 def check_plugin_options(config: EngineConfig, catalog: PluginCatalog) -> None:
-    """Every ``--plugin-option`` NAME must be an allowed plugin (or a ``module:Class`` in use).
+    """Every ``--plugin-option`` target must be one allowed plugin (or a ``module:Class``).
+
+    A plain NAME must not be ambiguous: two allowed plugins of different groups with that
+    name need ``GROUP:NAME``.
 
     Raises:
-        ValidationError: naming the unknown names and the plugins that take options.
+        ValidationError: naming the unknown or ambiguous targets and what would be valid.
     """
-    named = {e.name for e in catalog.entries if catalog.decision(e).allowed}
-    named |= set(config.logits_processors) | {config.scheduler, config.scheduling_policy}
-    unknown = sorted(set(config.plugin_options) - named)
+    allowed = [e for e in catalog.entries if catalog.decision(e).allowed]
+    groups_of: dict[str, list[str]] = {}
+    for entry in allowed:
+        groups_of.setdefault(entry.name, []).append(entry.group)
+    extra = set(config.logits_processors) | {config.scheduler, config.scheduling_policy}
+    qualified = {f"{e.group}:{e.name}" for e in allowed}
+    unknown = sorted(key for key in config.plugin_options
+                     if key not in qualified and key not in groups_of and key not in extra)
     if unknown:
         raise ValidationError(
             f"--plugin-option names {', '.join(map(repr, unknown))}, which "
             f"{'is' if len(unknown) == 1 else 'are'} not an allowed plugin; known plugins: "
-            f"{', '.join(sorted(named))}", param="plugin_options")
+            f"{', '.join(sorted(set(groups_of) | extra))} (GROUP:NAME picks one group)",
+            param="plugin_options")
+    for key in config.plugin_options:
+        groups = sorted(set(groups_of.get(key, ())))
+        if len(groups) > 1:
+            choices = ", ".join(f"{g.removeprefix('engine.')}:{key}" for g in groups)
+            raise ValidationError(
+                f"--plugin-option {key!r} is ambiguous: plugins of {len(groups)} groups have "
+                f"that name; write one of {choices} (e.g. --plugin-option "
+                f"{groups[0].removeprefix('engine.')}:{key}.KEY=VALUE)",
+                param="plugin_options")
 
 
 def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:

@@ -126,8 +126,9 @@ def _validated_options(
         PluginError: a value does not validate, naming the plugin and its distribution.
     """
     options_cls = getattr(cls, "Options", PluginOptions)
+    values = {**plugin_options.get(name, {}), **plugin_options.get(f"{group}:{name}", {})}
     try:
-        options: PluginOptions = options_cls(**plugin_options.get(name, {}))
+        options: PluginOptions = options_cls(**values)
     except Exception as exc:
         raise catalog.error(group, name, f"invalid options: {exc}") from exc
     return options

@@ -57,8 +57,9 @@ def add_engine_args(
         metavar="MODULE:CLASS", help="an extra logits processor (repeatable)")
     group.add_argument(
         "--plugin-option", dest="plugin_options", action="append", default=None,
-        metavar="NAME.KEY=VALUE",
-        help="an option for a plugin (repeatable); VALUE is parsed as JSON when it can be")
+        metavar="[GROUP:]NAME.KEY=VALUE",
+        help="an option for a plugin (repeatable); VALUE is parsed as JSON when it can be; "
+        "GROUP (e.g. attention_backends) picks one of same-named plugins")
 
 
 def parse_plugin_options(items: list[str] | None) -> dict[str, dict[str, Any]]:
@@ -72,8 +73,9 @@ def parse_plugin_options(items: list[str] | None) -> dict[str, dict[str, Any]]:
         target, sep, raw = item.partition("=")
         name, dot, key = target.rpartition(".")
         if not sep or not dot or not name or not key:
-            raise ValidationError(f"--plugin-option {item!r} must look like NAME.KEY=VALUE "
-                                  f"(e.g. my_processor.strength=0.5)", param="plugin_option")
+            raise ValidationError(f"--plugin-option {item!r} must look like "
+                                  f"[GROUP:]NAME.KEY=VALUE (e.g. my_processor.strength=0.5 "
+                                  f"or attention_backends:torch.key=1)", param="plugin_option")
         try:
             value: Any = json.loads(raw)
         except json.JSONDecodeError:
