@@ -54,3 +54,33 @@ def test_broken_plugin_stops_start_up_naming_it(tiny_llama: Path, plugins_on_pat
     with pytest.raises(PluginError, match="engine-test-plugin-import-error 0.1.0"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugins="engine-test-plugin-import-error")
+
+
+def test_plugin_classes_given_as_objects(tiny_llama: Path, plugins_on_path: Path) -> None:
+    from engine_test_plugin_good.processors import BanTokenProcessor
+
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    # Importable by path: becomes 'module:Class' and reaches EngineCore's own process.
+    with LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, plugins="none",
+             logits_processors=[BanTokenProcessor]) as llm:
+        assert llm.llm_engine.config.logits_processors == (
+            "engine_test_plugin_good.processors:BanTokenProcessor",)
+        [plain] = llm.generate(PROMPT, greedy, use_tqdm=False)
+        first = plain.outputs[0].token_ids[0]
+        [banned] = llm.generate(PROMPT, greedy.replace(extra_args={"ban_token": first}),
+                                use_tqdm=False)
+        assert first not in banned.outputs[0].token_ids
+
+    class LocalBan(BanTokenProcessor):  # defined in a function: not importable by path
+        pass
+
+    with pytest.raises(ValidationError, match="LocalBan.*cannot be imported by EngineCore's "
+                       "process.*in_process=True"):
+        LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, plugins="none",
+            logits_processors=[LocalBan])
+    with LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, plugins="none",
+             logits_processors=[LocalBan], in_process=True) as llm:
+        [banned] = llm.generate(PROMPT, greedy.replace(extra_args={"ban_token": first}),
+                                use_tqdm=False)
+        assert first not in banned.outputs[0].token_ids
+        assert_kv_pool_full(llm)

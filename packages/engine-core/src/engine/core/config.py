@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from engine.core.plugins._local import LOCAL_MARK, plugin_reference
 from engine.sdk.groups import GROUPS
 
 DType = Literal["auto", "bfloat16", "float16", "float32"]
@@ -67,8 +68,8 @@ class EngineConfig(BaseModel):
     disabled_kernels: tuple[str, ...] = Field(
         (), description="linear kernels never to use (names, comma-separated on the CLI)")
     logits_processors: tuple[str, ...] = Field(
-        (), description="extra logits processors by module:Class (installed ones in "
-        "engine.logits_processors are always loaded)")
+        (), description="extra logits processors by module:Class, or in Python the classes "
+        "(installed ones in engine.logits_processors are always loaded)")
     seed: int = Field(0, description="seed of the engine's global random state")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores)")
@@ -82,6 +83,25 @@ class EngineConfig(BaseModel):
         default_factory=dict, description="options per plugin, as given by "
         "--plugin-option [GROUP:]NAME.KEY=VALUE; GROUP (e.g. attention_backends) picks one "
         "of several plugins with the same name")
+
+    @field_validator("scheduler", "scheduling_policy", "attention_backend", "linear_kernel",
+                     mode="before")
+    @classmethod
+    def _class_to_reference(cls, value: Any) -> Any:
+        return plugin_reference(value)
+
+    @field_validator("logits_processors", mode="before")
+    @classmethod
+    def _classes_to_references(cls, value: Any) -> Any:
+        if isinstance(value, (list, tuple)):
+            return tuple(plugin_reference(item) for item in value)
+        return value
+
+    def local_plugin_classes(self) -> list[str]:
+        """Plugin classes given as objects that only this process can import."""
+        names = [self.scheduler, self.scheduling_policy, self.attention_backend,
+                 self.linear_kernel, *self.logits_processors]
+        return [name for name in names if name is not None and LOCAL_MARK in name]
 
     @field_validator("plugin_options")
     @classmethod

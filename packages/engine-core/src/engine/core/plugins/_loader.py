@@ -16,6 +16,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.version import Version
 
 from engine.core.plugins._entry import PluginEntry, normalize_dist_name
+from engine.core.plugins._local import local_class
 from engine.sdk._version import __version__ as SDK_VERSION
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import GROUPS, GroupSpec
@@ -41,6 +42,9 @@ def import_object(path: str) -> Any:
     Raises:
         ImportError/AttributeError/...: whatever the import raises; callers wrap it.
     """
+    local = local_class(path)
+    if local is not None:
+        return local
     if ":" in path:
         module_name, _, attr_path = path.partition(":")
     else:

@@ -39,6 +39,7 @@ from typing import Any
 from engine.core.client.core_client import EngineDeadError
 from engine.core.config import EngineConfig
 from engine.core.plugins import PluginManifest
+from engine.core.plugins._local import check_no_local_classes
 from engine.core.rpc.process import EngineProcessArgs, EngineSettings, run_engine_core_process
 
 SOCKET_NAME = "engine_core.sock"
@@ -144,7 +145,12 @@ class EngineLaunch:
             config: The engine configuration (sent as JSON).
             engine_address: ``host:port`` for TCP with a secret; None: a private unix socket.
             log_level: Level of the process's ``engine`` loggers (default: this process's).
+
+        Raises:
+            ValidationError: ``config`` selects a plugin class given as an object that the
+                new process cannot import (defined in ``__main__`` or a function).
         """
+        check_no_local_classes(config.local_plugin_classes())
         address, secret, socket_dir = channel_args(engine_address)
         level = logging.getLogger("engine").getEffectiveLevel() if log_level is None \
             else log_level
