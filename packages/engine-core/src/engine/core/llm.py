@@ -51,6 +51,8 @@ class LLM:
 
     Raises:
         pydantic.ValidationError: an option is invalid (the message names it).
+        ValidationError: a plugin is misconfigured (unknown ``plugin_options`` name, a
+            plugin class EngineCore's process cannot import, ...).
         EngineDeadError: EngineCore's process failed to start (with its error).
     """
 

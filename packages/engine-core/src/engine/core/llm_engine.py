@@ -43,8 +43,6 @@ def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:
 CoreHandle = Union[EngineCore, SyncCoreClient]
 
 
-
-
 class LLMEngine:
     """Synchronous engine: ``add_request`` then ``step()`` until nothing is unfinished.
 
@@ -55,6 +53,8 @@ class LLMEngine:
 
     Raises:
         EngineDeadError: EngineCore's process failed to start (with its error).
+        ValidationError: a plugin class given as an object cannot be imported by
+            EngineCore's process (use ``in_process=True``).
     """
 
     def __init__(self, config: EngineConfig, *, setup: EngineSetup | None = None,
