@@ -5,6 +5,8 @@ from __future__ import annotations
 import gc
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -123,3 +125,35 @@ def test_engine_core_start_up_error_reaches_the_caller(tiny_llama: Path) -> None
     with pytest.raises(EngineDeadError, match="EngineCore failed to start.*KV") as info:
         LLM(str(tiny_llama), dtype="float32", block_size=4, num_kv_blocks=2)
     assert "max_model_len" in str(info.value) or "max-model-len" in str(info.value)
+
+
+SCRIPT = """
+import sys
+from engine.core import LLM, SamplingParams
+
+if __name__ == "__main__":
+    llm = LLM(sys.argv[1], dtype="float32", block_size=4, num_kv_blocks=128)
+    print(llm.llm_engine.core.client.pid, flush=True)
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=2), use_tqdm=False)
+    # no shutdown(): the interpreter's exit must stop EngineCore cleanly
+"""
+
+
+def test_a_script_that_never_shuts_down_exits_cleanly(tiny_llama: Path, tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = subprocess.run([sys.executable, str(script), str(tiny_llama)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    assert wait_gone(int(done.stdout.split()[0]), timeout=2)
+
+
+def test_a_script_without_a_main_guard_is_told_why(tiny_llama: Path, tmp_path: Path) -> None:
+    script = tmp_path / "unguarded.py"
+    script.write_text(SCRIPT.replace('if __name__ == "__main__":', "if True:"))
+    done = subprocess.run([sys.executable, str(script), str(tiny_llama)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert "EngineDeadError" in last and 'if __name__ == "__main__":' in last

@@ -140,7 +140,8 @@ class InProcessCoreClient(EngineCoreClient):
             return
         self._stopping = True
         self._send(_STOP)
-        await asyncio.to_thread(thread.join)
+        while thread.is_alive():  # polled: no executor threads at interpreter exit
+            await asyncio.sleep(0.01)
 
     @property
     def dead_error(self) -> EngineDeadError | None:

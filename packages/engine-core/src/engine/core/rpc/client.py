@@ -41,7 +41,7 @@ from engine.core.plugins import PluginManifest
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
-from engine.core.rpc.launch import EngineLaunch, describe_exit
+from engine.core.rpc.launch import EngineLaunch, describe_exit, join_process
 from engine.core.rpc.server import CHANNEL_OPTIONS, SECRET_METADATA_KEY
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import EngineRequest, RequestStatus
@@ -357,10 +357,10 @@ class GrpcCoreClient(EngineCoreClient):
         """Wait ``grace`` s for a clean exit, then SIGTERM, then SIGKILL; always reaped."""
         if self._loop is not None:
             self._loop.remove_reader(process.sentinel)
-        await asyncio.to_thread(process.join, grace)
+        await join_process(process, grace)
         for stop, wait in ((process.terminate, 5.0), (process.kill, None)):
             if not process.is_alive():
                 break
             logger.warning("EngineCore did not exit; sending %s", stop.__name__)
             stop()
-            await asyncio.to_thread(process.join, wait)
+            await join_process(process, wait)

@@ -31,6 +31,7 @@ import secrets
 import shutil
 import signal
 import tempfile
+import time
 import weakref
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -85,6 +86,19 @@ def describe_exit(exitcode: int | None) -> str:
     return f"exit code {exitcode}"
 
 
+async def join_process(process: BaseProcess, timeout: float | None) -> None:
+    """``process.join(timeout)`` without blocking the event loop.
+
+    Polls instead of using a worker thread: at interpreter exit (an ``LLM`` stopped by its
+    finalizer) no new executor threads can be started.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    while process.is_alive():  # is_alive() also reaps an exited process
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        await asyncio.sleep(0.01)
+
+
 async def wait_ready(reader: Connection, process: BaseProcess, timeout: float) -> str:
     """The address the process listens on, once it is ready.
 
@@ -114,9 +128,16 @@ async def wait_ready(reader: Connection, process: BaseProcess, timeout: float) -
         return str(message["ready"])
     if "error" in message:
         raise EngineDeadError(f"EngineCore failed to start: {message['error']}")
-    await asyncio.to_thread(process.join, 5)
-    raise EngineDeadError(f"EngineCore exited before it was ready "
-                          f"({describe_exit(process.exitcode)})")
+    await join_process(process, 5)
+    hint = ""
+    if process.exitcode == 1:  # died before its own error handling: while importing
+        hint = (" or could report an error; its traceback is on stderr above. If it says "
+                "'An attempt has been made to start a new process before the current process "
+                "has finished its bootstrapping phase': EngineCore's process is started with "
+                "'spawn', which imports your script again, so create the LLM under "
+                "`if __name__ == \"__main__\":` (or pass in_process=True)")
+    raise EngineDeadError(f"EngineCore exited ({describe_exit(process.exitcode)}) before it "
+                          f"was ready{hint}")
 
 
 class EngineLaunch:
