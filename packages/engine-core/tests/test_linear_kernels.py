@@ -19,7 +19,7 @@ def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
                               input_size=48, output_size=80, has_bias=bias)
 
 
-@pytest.mark.parametrize("rows", [7, 64])  # below and above OneDNNLinearKernel.min_rows
+@pytest.mark.parametrize("rows", [1, 7, 64])  # one decode token, a few, a batch
 @pytest.mark.parametrize("kernel_cls", [TorchLinearKernel, OneDNNLinearKernel])
 def test_kernels_equal_f_linear(kernel_cls, rows: int) -> None:
     layer = torch.nn.Module()
