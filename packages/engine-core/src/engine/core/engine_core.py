@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from engine.core.client.core_client import EngineInfo
 from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup
 from engine.core.worker.worker import Worker
@@ -91,6 +92,13 @@ class EngineCore:
         scheduler_output = self.scheduler.schedule()
         runner_output = self.worker.execute_model(scheduler_output)
         return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def info(self) -> EngineInfo:
+        """What a front end learns once this EngineCore is up."""
+        setup = self.setup
+        return EngineInfo(model_name=setup.source.display_name,
+                          max_model_len=setup.max_model_len, num_kv_blocks=self.num_blocks,
+                          block_size=setup.block_size, vocab_size=setup.vocab_size)
 
     def make_stats(self) -> SchedulerStats:
         """The scheduler's current stats."""

@@ -13,31 +13,18 @@ debuggers reach every seam (``engine.core.worker.built.model``, exceptions in th
 from __future__ import annotations
 
 import weakref
-from typing import Any, Union
+from typing import Union
 
 from engine.core.client.sync_client import SyncCoreClient
 from engine.core.config import EngineConfig
 from engine.core.engine_core import EngineCore
-from engine.core.frontend.input_processor import InputProcessor, ProcessedRequest, PromptType
-from engine.core.frontend.output_processor import OutputProcessor
+from engine.core.frontend.front_end import FrontEndParts
+from engine.core.frontend.input_processor import ProcessedRequest, PromptType
 from engine.core.outputs import RequestOutput
 from engine.core.rpc.launch import EngineLaunch
 from engine.core.startup import EngineSetup, prepare
-from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
-from engine.core.worker.worker import logits_processor_classes
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import RequestStatus
-
-
-def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:
-    """The id that ends generation: the tokenizer's EOS, else the model config's."""
-    if tokenizer.eos_token_id is not None:
-        return tokenizer.eos_token_id
-    eos = getattr(hf_config, "eos_token_id", None)
-    if isinstance(eos, list):
-        eos = eos[0] if eos else None
-    return eos if isinstance(eos, int) else None
-
 
 #: EngineCore as ``LLMEngine`` uses it: in this process, or a spawned one behind gRPC.
 CoreHandle = Union[EngineCore, SyncCoreClient]
@@ -65,10 +52,10 @@ class LLMEngine:
         launch = None if in_process else EngineLaunch.spawn(config)
         try:
             self.setup = setup or prepare(config)
-            template = None if config.chat_template is None else read_chat_template(
-                config.chat_template)
-            self.tokenizer = load_tokenizer(self.setup.source, chat_template=template)
-            self.eos_token_id = eos_token_id_of(self.tokenizer, self.setup.hf_config)
+            parts = FrontEndParts.build(config, self.setup)
+            self.tokenizer, self.eos_token_id = parts.tokenizer, parts.eos_token_id
+            self.input_processor = parts.input_processor
+            self.output_processor = parts.output_processor
             self.core: CoreHandle
             if launch is None:
                 self.core = EngineCore(self.setup, eos_token_id=self.eos_token_id)
@@ -83,12 +70,6 @@ class LLMEngine:
             raise
         # Stop EngineCore when the engine is garbage-collected or at interpreter exit.
         self._finalizer = weakref.finalize(self, self.core.shutdown)
-        self.input_processor = InputProcessor(
-            self.tokenizer, max_model_len=self.setup.max_model_len,
-            vocab_size=self.setup.vocab_size,
-            logits_processors=logits_processor_classes(self.setup),
-        )
-        self.output_processor = OutputProcessor(self.tokenizer)
 
     @property
     def model_name(self) -> str:

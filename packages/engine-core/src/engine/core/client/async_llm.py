@@ -38,14 +38,12 @@ from engine.core.client.iteration_stats import IterationStatsTracker
 from engine.core.client.request_stream import RequestStream
 from engine.core.client.stat_loggers import LoggingStatLogger, StatLoggerSet
 from engine.core.config import EngineConfig
-from engine.core.frontend.input_processor import InputProcessor, PromptType
-from engine.core.frontend.output_processor import OutputProcessor
-from engine.core.llm_engine import eos_token_id_of
+from engine.core.frontend.front_end import FrontEndParts
+from engine.core.frontend.input_processor import PromptType
 from engine.core.outputs import RequestOutput
 from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup, prepare
-from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
-from engine.core.worker.worker import logits_processor_classes
+from engine.core.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
 from engine.sdk.groups import STAT_LOGGERS
 from engine.sdk.plugin import PluginOptions
@@ -94,15 +92,10 @@ class AsyncLLM:
     ) -> None:
         self.config = config
         self.setup = setup or prepare(config)
-        template = None if config.chat_template is None else read_chat_template(
-            config.chat_template)
-        self._tokenizer = load_tokenizer(self.setup.source, chat_template=template)
-        self.eos_token_id = eos_token_id_of(self._tokenizer, self.setup.hf_config)
-        self.input_processor = InputProcessor(
-            self._tokenizer, max_model_len=self.setup.max_model_len,
-            vocab_size=self.setup.vocab_size,
-            logits_processors=logits_processor_classes(self.setup))
-        self.output_processor = OutputProcessor(self._tokenizer)
+        parts = FrontEndParts.build(config, self.setup)
+        self._tokenizer, self.eos_token_id = parts.tokenizer, parts.eos_token_id
+        self.input_processor = parts.input_processor
+        self.output_processor = parts.output_processor
         if client is None:
             from engine.core.rpc import GrpcCoreClient
 

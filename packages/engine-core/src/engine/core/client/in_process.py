@@ -198,11 +198,7 @@ class InProcessCoreClient(EngineCoreClient):
         core: EngineCore | None = None
         try:
             core = self._core_factory(self.setup, self.eos_token_id)
-            info = EngineInfo(
-                model_name=self.setup.source.display_name,
-                max_model_len=self.setup.max_model_len, num_kv_blocks=core.num_blocks,
-                block_size=self.setup.block_size, vocab_size=self.setup.vocab_size)
-            self._post(_resolve, ready, info, None)
+            self._post(_resolve, ready, core.info(), None)
             self._busy_loop(core)
         except BaseException as exc:
             error = exc

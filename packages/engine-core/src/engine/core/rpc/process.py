@@ -223,7 +223,4 @@ def build_engine_core(args: EngineProcessArgs, settings: Connection,
     PluginManifest.from_json(received.manifest_json).verify(setup.catalog,
                                                             process="EngineCore")
     core = EngineCore(setup, eos_token_id=received.eos_token_id)
-    info = EngineInfo(model_name=setup.source.display_name,
-                      max_model_len=setup.max_model_len, num_kv_blocks=core.num_blocks,
-                      block_size=setup.block_size, vocab_size=setup.vocab_size)
-    return core, info
+    return core, core.info()
