@@ -7,11 +7,12 @@ length, the dtype) live in ``engine.core.startup.EngineSetup``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from engine.core.plugins._local import LOCAL_MARK, plugin_reference
+from engine.core.plugins._local import plugin_reference
 from engine.sdk.groups import GROUPS
 
 DType = Literal["auto", "bfloat16", "float16", "float32"]
@@ -27,6 +28,15 @@ def qualified_plugin_name(key: str) -> str:
     if sep and not group.startswith("engine."):
         group = f"engine.{group}"
     return f"{group}:{name}" if sep and group in GROUPS else key
+
+
+def plugin_options_for(plugin_options: Mapping[str, Mapping[str, Any]], group: str,
+                       name: str) -> dict[str, Any]:
+    """The options of plugin ``name`` in ``group`` from ``EngineConfig.plugin_options``.
+
+    Values given as ``GROUP:NAME`` override those given as plain ``NAME``.
+    """
+    return {**plugin_options.get(name, {}), **plugin_options.get(f"{group}:{name}", {})}
 
 
 class EngineConfig(BaseModel):
@@ -97,11 +107,11 @@ class EngineConfig(BaseModel):
             return tuple(plugin_reference(item) for item in value)
         return value
 
-    def local_plugin_classes(self) -> list[str]:
-        """Plugin classes given as objects that only this process can import."""
+    def plugin_selections(self) -> list[str]:
+        """Every plugin this config selects by name, ``module:Class`` or class object."""
         names = [self.scheduler, self.scheduling_policy, self.attention_backend,
                  self.linear_kernel, *self.logits_processors]
-        return [name for name in names if name is not None and LOCAL_MARK in name]
+        return [name for name in names if name is not None]
 
     @field_validator("plugin_options")
     @classmethod
@@ -114,8 +124,7 @@ class EngineConfig(BaseModel):
 
         Values given as ``GROUP:NAME`` override those given as plain ``NAME``.
         """
-        return {**self.plugin_options.get(name, {}),
-                **self.plugin_options.get(f"{group}:{name}", {})}
+        return plugin_options_for(self.plugin_options, group, name)
 
     @field_validator("model")
     @classmethod

@@ -88,27 +88,22 @@ class StatLoggerSet:
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
         """Hand one step's stats to every logger."""
-        for name, stat_logger in self.loggers.items():
-            try:
-                stat_logger.record(scheduler_stats, iteration_stats)
-            except Exception:  # noqa: BLE001 - a stat logger must not fail requests
-                self._report(name, "record")
+        self._call_each("record", scheduler_stats, iteration_stats)
 
     def log(self) -> None:
         """Ask every logger for its periodic summary."""
-        for name, stat_logger in self.loggers.items():
-            try:
-                stat_logger.log()
-            except Exception:  # noqa: BLE001
-                self._report(name, "log")
+        self._call_each("log")
 
     def log_engine_initialized(self) -> None:
         """Tell every logger the engine is ready."""
+        self._call_each("log_engine_initialized")
+
+    def _call_each(self, method: str, *args: object) -> None:
         for name, stat_logger in self.loggers.items():
             try:
-                stat_logger.log_engine_initialized()
-            except Exception:  # noqa: BLE001
-                self._report(name, "log_engine_initialized")
+                getattr(stat_logger, method)(*args)
+            except Exception:  # noqa: BLE001 - a stat logger must not fail requests
+                self._report(name, method)
 
     def _report(self, name: str, method: str) -> None:
         if (name, method) in self._failed:

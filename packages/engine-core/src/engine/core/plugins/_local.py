@@ -52,13 +52,15 @@ def local_class(reference: str) -> type | None:
     return _LOCAL.get(reference) if LOCAL_MARK in reference else None
 
 
-def check_no_local_classes(references: Iterable[str | None]) -> None:
+def check_no_local_classes(references: Iterable[str]) -> None:
     """Refuse to hand EngineCore's own process a class it cannot import.
+
+    ``references`` are the config's plugin selections (``EngineConfig.plugin_selections``).
 
     Raises:
         ValidationError: naming the class, why, and the two ways out.
     """
-    local = [r for r in references if r is not None and LOCAL_MARK in r]
+    local = [r for r in references if LOCAL_MARK in r]
     if local:
         names = ", ".join(r.partition(LOCAL_MARK)[0] for r in local)
         raise ValidationError(

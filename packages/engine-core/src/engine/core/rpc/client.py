@@ -49,7 +49,6 @@ from engine.sdk.stats import SchedulerStats
 
 logger = logging.getLogger("engine.core.rpc")
 
-SOCKET_NAME = "engine_core.sock"
 #: Client keepalive over TCP: a silent peer is declared gone after about two seconds.
 TCP_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.keepalive_time_ms", 1000),

@@ -171,7 +171,7 @@ class EngineLaunch:
             ValidationError: ``config`` selects a plugin class given as an object that the
                 new process cannot import (defined in ``__main__`` or a function).
         """
-        check_no_local_classes(config.local_plugin_classes())
+        check_no_local_classes(config.plugin_selections())
         address, secret, socket_dir = channel_args(engine_address)
         level = logging.getLogger("engine").getEffectiveLevel() if log_level is None \
             else log_level

@@ -27,7 +27,7 @@ def bytes_per_block(
     dtype: torch.dtype,
 ) -> int:
     """Bytes one block takes across every attention layer."""
-    element = torch.empty((), dtype=dtype).element_size()
+    element = dtype.itemsize
     total = 0
     for layer in layers.values():
         shape = backend.get_kv_cache_shape(1, block_size, layer.num_kv_heads, layer.head_size)
@@ -91,5 +91,5 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
     """
     if device.type != "cpu":
         return torch.zeros(shape, dtype=dtype, device=device)
-    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    nbytes = math.prod(shape) * dtype.itemsize
     return torch.from_numpy(np.zeros(nbytes, dtype=np.uint8)).view(dtype).view(shape)

@@ -16,6 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.core.config import plugin_options_for
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
@@ -126,9 +127,8 @@ def _validated_options(
         PluginError: a value does not validate, naming the plugin and its distribution.
     """
     options_cls = getattr(cls, "Options", PluginOptions)
-    values = {**plugin_options.get(name, {}), **plugin_options.get(f"{group}:{name}", {})}
     try:
-        options: PluginOptions = options_cls(**values)
+        options: PluginOptions = options_cls(**plugin_options_for(plugin_options, group, name))
     except Exception as exc:
         raise catalog.error(group, name, f"invalid options: {exc}") from exc
     return options
