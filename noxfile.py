@@ -18,6 +18,8 @@ ROOT = Path(__file__).parent
 PACKAGES = ["plugin-sdk", "engine-core", "engine-kernels", "server", "testing-fixtures"]
 EDITABLE = [arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")]
 TORCH = "torch>=2.6,<2.14"
+# The API snapshots in packages/plugin-sdk/api/ are read with this griffe (see scripts/sdkapi).
+GRIFFE = "griffe==2.4.1"
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
 
@@ -37,12 +39,13 @@ def _install(session: nox.Session, *args: str) -> None:
 
 
 @nox.session
-@nox.parametrize("package", [*PACKAGES, "integration"])
+@nox.parametrize("package", [*PACKAGES, "integration", "tooling"])
 def tests(session: nox.Session, package: str) -> None:
-    """Run one package's tests (``integration``: the cross-package tests in tests/)."""
+    """Run one package's tests (``integration``, ``tooling``: the tests in tests/)."""
     _install(session, TORCH)
-    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]")
-    path = "tests/integration" if package == "integration" else f"packages/{package}/tests"
+    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]", GRIFFE)
+    path = f"tests/{package}" if package in ("integration", "tooling") else \
+        f"packages/{package}/tests"
     if not any((ROOT / path).glob("test_*.py")):
         session.skip(f"{path} has no tests yet")
     # Exit code 5 means "no tests collected": fine for a package whose tests are still to come.
@@ -61,9 +64,20 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def api_compat(session: nox.Session) -> None:
-    """Fail on SDK API breaks against the last release (griffe) without a major bump."""
-    _install(session, "griffe")
-    session.run(_python(session), "scripts/api_compat.py", *session.posargs, external=True)
+    """The SDK's API gate against its released baseline (docs/plugins/versioning.md)."""
+    _install(session, GRIFFE)
+    session.run(_python(session), "scripts/sdk_api.py", "check", *session.posargs,
+                external=True)
+
+
+@nox.session
+def release_sdk(session: nox.Session) -> None:
+    """Cut an SDK release: ``nox -s release_sdk -- X.Y.Z`` (checks, then writes the files)."""
+    if not session.posargs:
+        session.error("give the release: nox -s release_sdk -- X.Y.Z")
+    _install(session, GRIFFE)
+    session.run(_python(session), "scripts/sdk_api.py", "release", *session.posargs,
+                external=True)
 
 
 @nox.session

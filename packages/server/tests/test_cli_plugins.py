@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from engine.sdk import __version__ as SDK_VERSION
 from engine.testing.test_plugins import run_engine_cli
 
 
 def test_version(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["--version"], test_plugins_dir)
     assert result.returncode == 0
-    assert "engine 0.1.0" in result.stdout and "engine-plugin-sdk 1.0.0" in result.stdout
+    assert "engine 0.1.0" in result.stdout and f"engine-plugin-sdk {SDK_VERSION}" in result.stdout
 
 
 def test_list_json_shows_test_plugins_with_distributions(test_plugins_dir: Path) -> None:
@@ -87,7 +88,19 @@ def test_check_reports_each_broken_plugin_with_distribution_and_cause(
 def test_check_one_good_plugin_passes(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "check", "test_good_ban_token"], test_plugins_dir)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "1 ok, 0 failed" in result.stdout
+    lines = result.stdout.splitlines()
+    assert lines[0] == f"engine-plugin-sdk {SDK_VERSION} (contract v1)"
+    assert lines[2] == f"        built for engine-plugin-sdk>=1.0,<2; running {SDK_VERSION}"
+    assert lines[-1] == "1 ok, 0 failed"
+
+
+def test_check_json_reports_the_sdk_each_plugin_was_built_for(test_plugins_dir: Path) -> None:
+    result = run_engine_cli(["plugins", "check", "test_good_lifo", "--json"], test_plugins_dir)
+    [row] = json.loads(result.stdout)
+    assert row["sdk"] == {
+        "requirement": ">=1.0,<2", "sdk_version": SDK_VERSION, "running": SDK_VERSION,
+        "summary": f"built for engine-plugin-sdk>=1.0,<2; running {SDK_VERSION}",
+        "deprecated": [], "advice": []}
 
 
 def test_check_by_distribution(test_plugins_dir: Path) -> None:
@@ -95,4 +108,5 @@ def test_check_by_distribution(test_plugins_dir: Path) -> None:
                             test_plugins_dir)
     assert result.returncode == 1
     [row] = json.loads(result.stdout)
-    assert row["ok"] is False and "2.0" in row["error"] and "1.0.0" in row["error"]
+    assert row["ok"] is False and "2.0" in row["error"] and SDK_VERSION in row["error"]
+    assert row["sdk"] is None  # it never loaded

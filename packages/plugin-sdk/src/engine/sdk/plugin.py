@@ -1,13 +1,15 @@
 """The base every SDK ABC shares: contract-version recording and plugin options.
 
 Every class a plugin author writes (a ``LogitsProcessor``, an ``AttentionBackend``, ...)
-inherits from :class:`Plugin` through its ABC. Two things happen at class creation:
+inherits from :class:`Plugin` through its ABC. Three things happen at class creation:
 
 * the SDK version the class was built against is recorded in ``sdk_version`` (unless the
   class body sets it itself, e.g. to state the contract it was written for), and the
   engine refuses at load time a class whose major version differs from the installed SDK;
 * ``Options`` names a pydantic model the engine validates the operator's
-  ``--plugin-option NAME.KEY=VALUE`` settings against before the plugin is constructed.
+  ``--plugin-option NAME.KEY=VALUE`` settings against before the plugin is constructed;
+* a class that overrides a deprecated hook gets an
+  :class:`~engine.sdk.deprecation.SDKDeprecationWarning` naming it (since 1.1).
 
 Example::
 
@@ -28,6 +30,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from engine.sdk._version import SDK_MAJOR, __version__
+from engine.sdk.deprecation import warn_overridden_hooks
 from engine.sdk.support import Support
 
 
@@ -67,6 +70,7 @@ class Plugin:
                 f"{cls.__qualname__}.Options must be a subclass of engine.sdk.PluginOptions, "
                 f"got {options!r}"
             )
+        warn_overridden_hooks(cls)
 
 
 def major_of(version: str) -> int:

@@ -11,6 +11,7 @@ from engine.core.plugins._catalog import (
     get_catalog,
     set_catalog,
 )
+from engine.core.plugins._compat import Compatibility, load_and_check
 from engine.core.plugins._entry import BUILTIN_DISTRIBUTIONS, PluginEntry, normalize_dist_name
 from engine.core.plugins._loader import import_object, load_entry
 from engine.core.plugins._manifest import ManifestEntry, PluginManifest
@@ -20,6 +21,7 @@ __all__ = [
     "ENV_VAR",
     "Allowlist",
     "CatalogRow",
+    "Compatibility",
     "Decision",
     "ManifestEntry",
     "PluginCatalog",
@@ -28,6 +30,7 @@ __all__ = [
     "discover_entries",
     "get_catalog",
     "import_object",
+    "load_and_check",
     "load_entry",
     "normalize_dist_name",
     "set_catalog",

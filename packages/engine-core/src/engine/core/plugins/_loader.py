@@ -13,11 +13,13 @@ import inspect
 from typing import Any
 
 from packaging.requirements import InvalidRequirement, Requirement
+from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 
 from engine.core.plugins._entry import PluginEntry, normalize_dist_name
 from engine.core.plugins._local import local_class
 from engine.sdk._version import __version__ as SDK_VERSION
+from engine.sdk.deprecation import warn_overridden_hooks
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import GROUPS, GroupSpec
 from engine.sdk.plugin import check_contract_version
@@ -34,6 +36,11 @@ def plugin_error(entry: PluginEntry, cause: str) -> PluginError:
         distribution=entry.distribution,
         version=entry.version,
     )
+
+
+def identity(entry: PluginEntry) -> str:
+    """``plugin 'x' (group G, distribution D V)``: how every message names a plugin."""
+    return str(plugin_error(entry, "")).removesuffix(": ")
 
 
 def import_object(path: str) -> Any:
@@ -57,33 +64,45 @@ def import_object(path: str) -> Any:
     return obj
 
 
-def check_sdk_requirement(entry: PluginEntry) -> None:
-    """Refuse a distribution whose ``engine-plugin-sdk`` requirement excludes the installed SDK.
+def sdk_requirement(entry: PluginEntry) -> SpecifierSet | None:
+    """The ``engine-plugin-sdk`` range the entry's distribution requires (None: none declared).
 
-    Reads metadata only: runs before any plugin code is imported.
+    Reads metadata only: no plugin code is imported.
     """
     if entry.distribution is None:
-        return
+        return None
     try:
         requires = importlib.metadata.distribution(entry.distribution).requires or []
     except importlib.metadata.PackageNotFoundError:
-        return
+        return None
     for line in requires:
         try:
             req = Requirement(line)
         except InvalidRequirement:
             continue
-        if normalize_dist_name(req.name) != SDK_DISTRIBUTION or req.marker is not None:
-            continue
-        if req.specifier and not req.specifier.contains(Version(SDK_VERSION), prereleases=True):
-            # Lower bounds first: ">=2.0,<3" reads as the range it is.
-            spec = ",".join(sorted((str(s) for s in req.specifier), key=lambda s: s[0] != ">"))
-            raise plugin_error(
-                entry,
-                f"it was built for {SDK_DISTRIBUTION}{spec}, but the installed "
-                f"{SDK_DISTRIBUTION} is {SDK_VERSION}; install a release of "
-                f"{entry.distribution} built for SDK {SDK_VERSION.split('.')[0]}.x",
-            )
+        if normalize_dist_name(req.name) == SDK_DISTRIBUTION and req.marker is None:
+            return req.specifier
+    return None
+
+
+def spell_range(specifier: SpecifierSet) -> str:
+    """``>=1.0,<2`` with lower bounds first, so the range reads as the range it is."""
+    return ",".join(sorted((str(s) for s in specifier), key=lambda s: s[0] != ">"))
+
+
+def check_sdk_requirement(entry: PluginEntry) -> None:
+    """Refuse a distribution whose ``engine-plugin-sdk`` requirement excludes the installed SDK.
+
+    Reads metadata only: runs before any plugin code is imported.
+    """
+    specifier = sdk_requirement(entry)
+    if specifier and not specifier.contains(Version(SDK_VERSION), prereleases=True):
+        raise plugin_error(
+            entry,
+            f"it was built for {SDK_DISTRIBUTION}{spell_range(specifier)}, but the installed "
+            f"{SDK_DISTRIBUTION} is {SDK_VERSION}; install a release of "
+            f"{entry.distribution} built for SDK {SDK_VERSION.split('.')[0]}.x",
+        )
 
 
 def _contract_class(spec: GroupSpec) -> type | None:
@@ -112,6 +131,8 @@ def validate_class(entry: PluginEntry, obj: Any, contract: type) -> None:
     support = check_contract_version(obj)
     if not support.ok:
         raise plugin_error(entry, support.reason)
+    # Deprecated hooks it overrides: one warning per plugin, naming it (DESIGN §4.4).
+    warn_overridden_hooks(obj, user=identity(entry))
 
 
 def load_entry(entry: PluginEntry) -> Any:

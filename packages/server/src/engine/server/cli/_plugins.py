@@ -7,7 +7,16 @@ import json
 import sys
 from typing import Any
 
-from engine.core.plugins import Allowlist, CatalogRow, PluginCatalog, load_entry
+from engine.core.plugins import (
+    Allowlist,
+    CatalogRow,
+    Compatibility,
+    PluginCatalog,
+    load_and_check,
+    load_entry,
+)
+from engine.sdk._version import SDK_MAJOR
+from engine.sdk._version import __version__ as SDK_VERSION
 from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import GROUPS
 
@@ -30,7 +39,8 @@ def add_parser(commands: Any) -> None:
     lister.set_defaults(handler=run_list)
     checker = sub.add_parser(
         "check", parents=[common],
-        help="import and validate plugins without starting an engine (exit 1 on any failure)",
+        help="import and validate plugins without starting an engine: contract, options, the "
+             "SDK each was built for, deprecated SDK features it uses (exit 1 on any failure)",
     )
     checker.add_argument(
         "name", nargs="?", default=None,
@@ -119,38 +129,59 @@ def run_check(args: argparse.Namespace) -> int:
             return 2
     else:
         rows = [row for row in rows if row.decision.allowed]
-    results: list[dict[str, Any]] = []
-    for row in rows:
-        entry = row.entry
-        error = None
-        if row.conflicts_with:
-            others = " and ".join(e.provider for e in (entry, *row.conflicts_with))
-            error = str(PluginError(
-                f"two distributions provide {entry.name!r}: {others}",
-                plugin=entry.name, group=entry.group, distribution=entry.distribution,
-                version=entry.version,
-            ))
-        options: dict[str, dict[str, Any]] = {}
-        if error is None:
-            try:
-                options = _options_schema(load_entry(entry))
-            except PluginError as exc:
-                error = str(exc)
-            except Exception as exc:  # noqa: BLE001 - an options model that cannot describe itself
-                error = f"its Options model is invalid: {type(exc).__name__}: {exc}"
-        results.append({
-            "group": entry.group, "name": entry.name, "distribution": entry.distribution,
-            "version": entry.version, "allowed": row.decision.allowed,
-            "ok": error is None, "error": error, "options": options,
-        })
+    results = [_check_row(row) for row in rows]
     if args.json:
         print(json.dumps(results, indent=2))
     else:
+        print(f"engine-plugin-sdk {SDK_VERSION} (contract v{SDK_MAJOR})")
         for r in results:
             head = f"{r['group']}:{r['name']} ({r['distribution']} {r['version']})"
             print(f"OK    {head}" if r["ok"] else f"FAIL  {r['error']}")
+            if r["sdk"] is not None:
+                print(f"        {r['sdk']['summary']}")
+                for text in r["sdk"]["deprecated"]:
+                    print(f"        deprecated: {text}")
+                for text in r["sdk"]["advice"]:
+                    print(f"        advice: {text}")
             for option, spec in r["options"].items():
                 print(f"        option {option}: {spec}")
         failed = sum(not r["ok"] for r in results)
-        print(f"{len(results) - failed} ok, {failed} failed")
+        deprecated = sum(bool(r["sdk"] and r["sdk"]["deprecated"]) for r in results)
+        print(f"{len(results) - failed} ok, {failed} failed"
+              + (f", {deprecated} using deprecated SDK features" if deprecated else ""))
     return 1 if any(not r["ok"] for r in results) else 0
+
+
+def _sdk_dict(compat: Compatibility) -> dict[str, Any]:
+    return {"requirement": compat.requirement, "sdk_version": compat.sdk_version,
+            "running": compat.running_sdk, "summary": compat.describe(),
+            "deprecated": list(compat.deprecated), "advice": list(compat.advice)}
+
+
+def _check_row(row: CatalogRow) -> dict[str, Any]:
+    """Load and validate one entry: its result as ``engine plugins check --json`` shows it."""
+    entry = row.entry
+    error = None
+    sdk: dict[str, Any] | None = None
+    if row.conflicts_with:
+        others = " and ".join(e.provider for e in (entry, *row.conflicts_with))
+        error = str(PluginError(
+            f"two distributions provide {entry.name!r}: {others}",
+            plugin=entry.name, group=entry.group, distribution=entry.distribution,
+            version=entry.version,
+        ))
+    options: dict[str, dict[str, Any]] = {}
+    if error is None:
+        try:
+            obj, compat = load_and_check(entry, load_entry)
+            sdk = _sdk_dict(compat)
+            options = _options_schema(obj)
+        except PluginError as exc:
+            error = str(exc)
+        except Exception as exc:  # noqa: BLE001 - an options model that cannot describe itself
+            error = f"its Options model is invalid: {type(exc).__name__}: {exc}"
+    return {
+        "group": entry.group, "name": entry.name, "distribution": entry.distribution,
+        "version": entry.version, "allowed": row.decision.allowed,
+        "ok": error is None, "error": error, "options": options, "sdk": sdk,
+    }
