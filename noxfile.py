@@ -84,10 +84,10 @@ def release_sdk(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """Mypy: strict on the SDK, default strictness elsewhere."""
     _install(session, TORCH)
-    _install(session, "mypy", *EDITABLE)
+    _install(session, "mypy", GRIFFE, *EDITABLE)
     session.run(_python(session), "-m", "mypy", "packages/plugin-sdk/src/engine/sdk",
                 "packages/engine-core/src/engine/core", "packages/server/src/engine/server",
-                external=True)
+                "scripts/sdkapi", external=True)
 
 
 # The grpcio-tools release the committed code in engine.core.rpc._gen comes from (its version

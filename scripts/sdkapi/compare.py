@@ -188,7 +188,8 @@ class _Comparison:
                 self.brk(path, f"hook gained a {field} {name!r}: the engine would pass it to "
                                f"plugins whose overrides do not accept it. Hook signatures do "
                                f"not grow: add a field to the context object, or a new method "
-                               f"with a default implementation")
+                               f"with a default implementation (a helper plugins never "
+                               f"override: mark it @typing.final)")
             elif default is None and kind not in VARIADIC:
                 what = (f"dataclass field {name!r} added without a default" if field == "field"
                         else f"new required parameter {name!r}")

@@ -67,10 +67,11 @@ def _break_problems(result: GateResult, allowed: dict[str, str], major_bump: boo
         elif not major_bump:
             result.problems.append(f"BREAK {change.path}: {change.message}")
         elif "removed" in change.message and not change.was_deprecated:
+            old_major = (result.baseline or "1").split(".")[0]
             result.problems.append(
                 f"BREAK {change.path}: {change.message} without a deprecation period: "
-                f"deprecate it in a {result.baseline.split('.')[0]}.x release first (it must "
-                f"warn for at least one minor release), or allowlist it with a reason")
+                f"deprecate it in a {old_major}.x release first (it must warn for at least "
+                f"one minor release), or allowlist it with a reason")
         else:
             result.notes.append(f"break accepted by the major bump: {change.path}: "
                                 f"{change.message}")

@@ -171,7 +171,7 @@ class _Extractor:
             if not member.is_public or (name.startswith("_") and name not in UNVERSIONED):
                 continue
             if target is None:
-                self.external[sub] = member.target_path
+                self.external[sub] = str(getattr(member, "target_path", sub))
             else:
                 self.public[sub] = target
 
@@ -220,7 +220,8 @@ class _Extractor:
             return False
         if any(getattr(b, "canonical_path", str(b)) in EXTENSIBLE_BASES for b in cls.bases):
             return True
-        return any(self._is_extensible(base, depth + 1) for base in cls.resolved_bases)
+        return any(isinstance(base, griffe.Class) and self._is_extensible(base, depth + 1)
+                   for base in cls.resolved_bases)
 
     def _markers(self, obj: Any, where: str) -> dict[str, Any]:
         extra: dict[str, Any] = {}
@@ -311,7 +312,8 @@ class _Extractor:
         getattr_ = module.members.get("__getattr__")
         value = getattr(getattr_, "value", None) if getattr_ is not None else None
         function = getattr(value, "function", None)
-        if getattr(function, "canonical_path", None) != f"{DEPRECATION_MODULE}.module_getattr":
+        if value is None or getattr(function, "canonical_path", None) != \
+                f"{DEPRECATION_MODULE}.module_getattr":
             return
         for argument in value.arguments:
             alias = getattr(argument, "value", None)

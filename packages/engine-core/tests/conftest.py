@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -12,21 +11,14 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
 @pytest.fixture(scope="session", autouse=True)
-def hub_offline() -> Iterator[None]:
-    """No Hugging Face Hub access, even if transformers was imported before this ran."""
-    import huggingface_hub.constants
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("HF_HUB_OFFLINE", "1")
-        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
-        yield
+def _no_hub(hub_offline: None) -> None:
+    """Every test runs without Hugging Face Hub access (engine.testing's ``hub_offline``)."""
 
 
 @pytest.fixture(scope="session")
-def tiny_llama(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.testing.models import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+def tiny_llama(tiny_llama_checkpoint: Path) -> Path:
+    """engine.testing's tiny random Llama checkpoint (built once per run, deterministic)."""
+    return tiny_llama_checkpoint
 
 
 @pytest.fixture(scope="session")

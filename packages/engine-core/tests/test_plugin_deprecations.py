@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 import warnings
 from pathlib import Path
@@ -11,30 +10,11 @@ from typing import Any
 import pytest
 
 from engine.core.plugins import Allowlist, PluginCatalog, PluginEntry, load_and_check, load_entry
-from engine.sdk import LogitsProcessor, SchedulingPolicy, deprecation
-from engine.sdk.deprecation import SDKDeprecationWarning, deprecated_hook
+from engine.sdk import LogitsProcessor, SchedulingPolicy
+from engine.sdk.deprecation import SDKDeprecationWarning
 from engine.sdk.groups import LOGITS_PROCESSORS, SCHEDULING_POLICIES
 
 GOOD = "distribution engine-test-plugin-good 0.1.0"
-
-
-@pytest.fixture
-def deprecate(monkeypatch: pytest.MonkeyPatch) -> Any:
-    """Deprecate a real SDK hook for one test, as a later 1.x release would."""
-    monkeypatch.setattr(deprecation, "_registry", dict(deprecation._registry))
-    monkeypatch.setattr(deprecation, "_warned", set())
-
-    def mark(cls: type, name: str, replacement: str) -> None:
-        original = cls.__dict__[name]
-
-        @functools.wraps(original)
-        def hook(*args: Any, **kwargs: Any) -> Any:
-            return original(*args, **kwargs)
-
-        monkeypatch.setattr(cls, name, deprecated_hook(since="1.1", replacement=replacement)(
-            hook))
-
-    return mark
 
 
 def catalog() -> PluginCatalog:
@@ -42,9 +22,9 @@ def catalog() -> PluginCatalog:
 
 
 def test_loading_a_plugin_that_overrides_a_deprecated_hook_warns_naming_it(
-    plugins_on_path: Path, deprecate: Any, caplog: pytest.LogCaptureFixture
+    plugins_on_path: Path, deprecate_hook: Any, caplog: pytest.LogCaptureFixture
 ) -> None:
-    deprecate(LogitsProcessor, "is_argmax_invariant", "new_invariance_hook")
+    deprecate_hook(LogitsProcessor, "is_argmax_invariant", "new_invariance_hook")
     with pytest.warns(SDKDeprecationWarning) as record, caplog.at_level(logging.WARNING):
         cls = catalog().load(LOGITS_PROCESSORS, "test_good_ban_token")
     who = f"plugin 'test_good_ban_token' (group engine.logits_processors, {GOOD})"
@@ -62,9 +42,9 @@ def test_loading_a_plugin_that_overrides_a_deprecated_hook_warns_naming_it(
 
 
 def test_plugins_not_overriding_the_deprecated_hook_are_not_warned(
-    plugins_on_path: Path, deprecate: Any
+    plugins_on_path: Path, deprecate_hook: Any
 ) -> None:
-    deprecate(SchedulingPolicy, "can_admit", "admission_hook")
+    deprecate_hook(SchedulingPolicy, "can_admit", "admission_hook")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         policy = catalog().load(SCHEDULING_POLICIES, "test_good_lifo")
@@ -72,9 +52,9 @@ def test_plugins_not_overriding_the_deprecated_hook_are_not_warned(
 
 
 def test_plugins_check_reports_sdk_range_and_deprecated_use(
-    plugins_on_path: Path, deprecate: Any
+    plugins_on_path: Path, deprecate_hook: Any
 ) -> None:
-    deprecate(LogitsProcessor, "update_state", "a new hook")
+    deprecate_hook(LogitsProcessor, "update_state", "a new hook")
     entry = catalog().resolve(LOGITS_PROCESSORS, "test_good_ban_token")
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # the check records, it does not raise

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from engine.sdk import __version__ as SDK_VERSION
 from engine.testing.test_plugins import run_engine_cli
@@ -110,3 +114,23 @@ def test_check_by_distribution(test_plugins_dir: Path) -> None:
     [row] = json.loads(result.stdout)
     assert row["ok"] is False and "2.0" in row["error"] and SDK_VERSION in row["error"]
     assert row["sdk"] is None  # it never loaded
+
+
+def test_check_lists_the_deprecated_sdk_features_a_plugin_uses(
+    plugins_on_path: Path, deprecate_hook: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from engine.sdk import LogitsProcessor
+    from engine.server.cli._main import main
+
+    deprecate_hook(LogitsProcessor, "update_state", "update_state_v2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the check reports; it does not warn or fail
+        status = main(["plugins", "check", "test_good_ban_token"])
+    out = capsys.readouterr().out.splitlines()
+    assert status == 0
+    since = ".".join(SDK_VERSION.split(".")[:2])
+    assert out[3] == (
+        f"        deprecated: overrides engine.sdk.logits_processor.LogitsProcessor."
+        f"update_state, which is deprecated since engine-plugin-sdk {since} and removed in "
+        f"2.0 (the engine stops calling it then); implement update_state_v2 instead")
+    assert out[-1] == "1 ok, 0 failed, 1 using deprecated SDK features"

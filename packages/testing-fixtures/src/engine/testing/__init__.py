@@ -1,5 +1,17 @@
 """engine.testing: pytest plugin (``pytest -p engine.testing``), fixtures, contract suites."""
 
-from engine.testing.fixtures import plugins_on_path, test_plugins_dir, tiny_llama_checkpoint
+from engine.testing.fixtures import (
+    deprecate_hook,
+    hub_offline,
+    plugins_on_path,
+    test_plugins_dir,
+    tiny_llama_checkpoint,
+)
 
-__all__ = ["plugins_on_path", "test_plugins_dir", "tiny_llama_checkpoint"]
+__all__ = [
+    "deprecate_hook",
+    "hub_offline",
+    "plugins_on_path",
+    "test_plugins_dir",
+    "tiny_llama_checkpoint",
+]

@@ -2,12 +2,28 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import functools
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from engine.testing.test_plugins import install_test_plugins
+
+
+@pytest.fixture(scope="session")
+def hub_offline() -> Iterator[None]:
+    """No Hugging Face Hub access for the session, even if transformers is already imported.
+
+    Request it from an autouse fixture in a ``conftest.py`` to cover a whole suite.
+    """
+    import huggingface_hub.constants
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_HUB_OFFLINE", "1")
+        mp.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+        yield
 
 
 @pytest.fixture(scope="session")
@@ -30,3 +46,30 @@ def tiny_llama_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.testing.models import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "llama", "llama")
+
+
+@pytest.fixture
+def deprecate_hook(monkeypatch: pytest.MonkeyPatch) -> Callable[[type, str, str], None]:
+    """``deprecate_hook(SDKClass, "method", "replacement")``: deprecate an SDK hook for one test.
+
+    What a later 1.x release would do (``@deprecated_hook(since=<running minor>)``), undone
+    after the test; the SDK's deprecation registry and once-per-plugin memory are restored
+    too. Use it to see how a plugin is warned about, and that it keeps working.
+    """
+    from engine.sdk import __version__, deprecation
+
+    monkeypatch.setattr(deprecation, "_registry", dict(deprecation._registry))
+    monkeypatch.setattr(deprecation, "_warned", set())
+    since = ".".join(__version__.split(".")[:2])
+
+    def mark(cls: type, name: str, replacement: str) -> None:
+        original = cls.__dict__[name]
+
+        @functools.wraps(original)
+        def hook(*args: Any, **kwargs: Any) -> Any:
+            return original(*args, **kwargs)
+
+        marker = deprecation.deprecated_hook(since=since, replacement=replacement)
+        monkeypatch.setattr(cls, name, marker(hook))
+
+    return mark
