@@ -57,7 +57,7 @@ def cmd_release(layout: Layout, args: argparse.Namespace) -> int:
         print(f"engine-plugin-sdk {args.version} was not released; nothing was written.")
         return 1
     for line in done:
-        print(f"wrote {line}")
+        print(line)
     print(f"Next: review `git diff`, then `git commit -am 'engine-plugin-sdk {args.version}'` "
           f"and `git tag engine-plugin-sdk-v{args.version}`.")
     return 0

@@ -87,10 +87,11 @@ def release(layout: Layout, version: str, date: str) -> tuple[list[str], list[st
     layout.allowlist.write_text(ALLOWLIST_HEADER)
     deprecations_page.write_table(layout.deprecations_page, deprecations_page.render_table(
         snapshot.deprecations(), wanted[0]))
-    done = [f"__version__ = {version!r} in {layout.rel(layout.version_file)}",
-            f"baseline {layout.rel(baseline)} ({len(snapshot.objects)} public objects)",
-            f"{layout.rel(layout.changelog)}: '## {changelog.UNRELEASED}' is now "
-            f"'## {version} ({date})'",
-            f"{layout.rel(layout.allowlist)} emptied",
-            f"{layout.rel(layout.deprecations_page)} regenerated"]
+    done = [f"set __version__ = {version!r} in {layout.rel(layout.version_file)}",
+            f"wrote the baseline {layout.rel(baseline)} ({len(snapshot.objects)} public "
+            f"objects)",
+            f"renamed '## {changelog.UNRELEASED}' to '## {version} ({date})' in "
+            f"{layout.rel(layout.changelog)}",
+            f"emptied {layout.rel(layout.allowlist)}",
+            f"regenerated {layout.rel(layout.deprecations_page)}"]
     return [], done

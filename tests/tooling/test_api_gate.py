@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sdkapi.gate import GateResult, run_gate
 from sdkapi.layout import Layout
@@ -26,6 +27,11 @@ def shiny() -> int:
 '''
 
 
+def added(minor: str) -> str:
+    """A versionadded note for a docstring."""
+    return f"\n\n    .. versionadded:: {minor}\n    "
+
+
 def problems(repo: Layout) -> list[str]:
     result = run_gate(repo)
     return result.problems
@@ -34,12 +40,6 @@ def problems(repo: Layout) -> list[str]:
 def only_problem(repo: Layout) -> str:
     [problem] = problems(repo)
     return problem
-
-
-def release_baseline(repo: Layout) -> None:
-    """Pretend the copy's current SDK was just released (its own baseline)."""
-    version = repo.read_version()
-    (repo.api_dir / f"{version}.json").write_text(extract(repo.sdk_src, version).dumps())
 
 
 def test_the_repository_passes_the_gate() -> None:
@@ -82,19 +82,25 @@ def test_renamed_parameter_is_a_break(repo: Layout, edit: Edit) -> None:
            "removed" in problems(repo)
 
 
-def test_new_abstract_method_on_an_existing_abc_is_a_break(repo: Layout, edit: Edit) -> None:
+def test_new_abstract_method_on_an_existing_abc_is_a_break(
+    repo: Layout, edit: Edit, versions: Any
+) -> None:
+    repo.write_version(versions.next_minor)
     edit("stat_logger.py", "    def log(self) -> None:", "    @abstractmethod\n"
-         "    def flush(self) -> None:\n        \"\"\"New.\n\n        .. versionadded:: 1.1\n"
-         "        \"\"\"\n\n    def log(self) -> None:")
+         f"    def flush(self) -> None:\n        \"\"\"New.\n\n        .. versionadded:: "
+         f"{versions.minor}\n        \"\"\"\n\n    def log(self) -> None:")
     assert only_problem(repo).startswith(
         "BREAK engine.sdk.stat_logger.StatLogger.flush: is a new abstract method of "
         "engine.sdk.stat_logger.StatLogger: every existing subclass stops loading")
 
 
-def test_an_optional_method_with_a_default_is_an_addition(repo: Layout, edit: Edit) -> None:
+def test_an_optional_method_with_a_default_is_an_addition(
+    repo: Layout, edit: Edit, versions: Any
+) -> None:
+    repo.write_version(versions.next_minor)
     edit("stat_logger.py", "    def log(self) -> None:", "    def flush(self) -> None:\n"
-         "        \"\"\"New; default: no-op.\n\n        .. versionadded:: 1.1\n        \"\"\"\n\n"
-         "    def log(self) -> None:")
+         f"        \"\"\"New; default: no-op.\n\n        .. versionadded:: {versions.minor}\n"
+         "        \"\"\"\n\n    def log(self) -> None:")
     result = run_gate(repo)
     assert result.ok, result.problems
     assert "engine.sdk.stat_logger.StatLogger.flush" in {c.path for c in result.of_kind(
@@ -136,56 +142,60 @@ def test_an_allowlist_entry_with_a_reason_accepts_a_break(repo: Layout, edit: Ed
     assert any("only used in error messages" in note for note in result.notes)
 
 
-def test_allowlist_entries_need_a_reason_and_must_match_a_break(repo: Layout) -> None:
+def test_allowlist_entries_need_a_reason_and_must_match_a_break(
+    repo: Layout, versions: Any
+) -> None:
     repo.allowlist.write_text("engine.sdk.attention.AttentionSpec.describe\n")
     assert "needs a reason after '#'" in only_problem(repo)
     repo.allowlist.write_text("engine.sdk.attention.AttentionSpec.describe  # reason\n")
-    assert "matches no breaking change against 1.0.0; remove the entry" in only_problem(repo)
+    assert f"matches no breaking change against {versions.current}; remove the entry" in \
+        only_problem(repo)
 
 
-def test_an_addition_needs_a_minor_bump(repo: Layout, edit: Edit) -> None:
-    release_baseline(repo)  # the tree is now exactly release 1.1.0
-    assert problems(repo) == []
-    edit("support.py", "", NEW_FUNCTION.format(note="\n\n    .. versionadded:: 1.2\n    "))
+def test_an_addition_needs_a_minor_bump(repo: Layout, edit: Edit, versions: Any) -> None:
+    assert problems(repo) == []  # the scratch tree is exactly its release
+    edit("support.py", "", NEW_FUNCTION.format(note=added(versions.minor)))
     [problem, *_] = problems(repo)
-    assert problem == ("1 addition(s) or deprecation(s) since 1.1.0 need a minor version bump: "
-                       "set __version__ = \"1.2.0\" in packages/plugin-sdk/src/engine/sdk/"
-                       "_version.py (now 1.1.0)")
-    repo.write_version("1.1.1")  # a patch release may not add either
+    assert problem == (f"1 addition(s) or deprecation(s) since {versions.current} need a minor "
+                       f"version bump: set __version__ = \"{versions.next_minor}\" in "
+                       f"packages/plugin-sdk/src/engine/sdk/_version.py (now {versions.current})")
+    repo.write_version(versions.next_patch)  # a patch release may not add either
     assert "need a minor version bump" in problems(repo)[0]
-    repo.write_version("1.2.0")
+    repo.write_version(versions.next_minor)
     assert problems(repo) == []
 
 
-def test_an_addition_needs_a_versionadded_note(repo: Layout, edit: Edit) -> None:
+def test_an_addition_needs_a_versionadded_note(repo: Layout, edit: Edit, versions: Any) -> None:
+    repo.write_version(versions.next_minor)
     edit("support.py", "", NEW_FUNCTION.format(note=""))
-    assert only_problem(repo) == ("engine.sdk.support.shiny: new function; add "
-                                  "`.. versionadded:: 1.1` to its docstring")
-    edit("support.py", '"""Something new."""', '"""Something new.\n\n    .. versionadded:: 1.0\n'
-         '    """')
-    assert "versionadded:: 1.1" in only_problem(repo)  # 1.0 did not have it
+    assert only_problem(repo) == (f"engine.sdk.support.shiny: new function; add "
+                                  f"`.. versionadded:: {versions.minor}` to its docstring")
+    released = versions.current.rsplit(".", 1)[0]
+    edit("support.py", '"""Something new."""', f'"""Something new.{added(released)}"""')
+    assert f"versionadded:: {versions.minor}" in only_problem(repo)  # it is not in {released}
 
 
 def test_a_new_parameter_of_a_helper_needs_a_versionchanged_note(
-    repo: Layout, edit: Edit
+    repo: Layout, edit: Edit, versions: Any
 ) -> None:
+    repo.write_version(versions.next_minor)
     edit("attention.py", "    candidates: Sequence[type[AttentionBackend]], spec: AttentionSpec",
          "    candidates: Sequence[type[AttentionBackend]], spec: AttentionSpec, "
          "strict: bool = False")
     assert only_problem(repo) == (
-        "engine.sdk.attention.select_backend(strict): new parameter 'strict' of "
-        "engine.sdk.attention.select_backend; add `.. versionchanged:: 1.1 Added ``strict``.` "
-        "to the docstring of engine.sdk.attention.select_backend")
+        f"engine.sdk.attention.select_backend(strict): new parameter 'strict' of "
+        f"engine.sdk.attention.select_backend; add `.. versionchanged:: {versions.minor} Added "
+        f"``strict``.` to the docstring of engine.sdk.attention.select_backend")
     edit("attention.py", "    .. versionadded:: 1.0\n    \"\"\"\n    reasons: list",
-         "    .. versionadded:: 1.0\n    .. versionchanged:: 1.1 Added ``strict``.\n    \"\"\"\n"
-         "    reasons: list")
+         f"    .. versionadded:: 1.0\n    .. versionchanged:: {versions.minor} Added ``strict``.\n"
+         f"    \"\"\"\n    reasons: list")
     assert problems(repo) == []
 
 
 def test_a_major_bump_accepts_breaks_but_not_removal_without_deprecation(
-    repo: Layout, edit: Edit
+    repo: Layout, edit: Edit, versions: Any
 ) -> None:
-    repo.write_version("2.0.0")
+    repo.write_version(versions.next_major)
     edit("stat_logger.py", "iteration_stats: IterationStats | None\n    ) -> None:",
          "iteration_stats: IterationStats | None,\n        verbose: bool,\n    ) -> None:")
     edit("attention.py", "    def describe(self) -> str:", "    def _describe(self) -> str:")
@@ -195,7 +205,8 @@ def test_a_major_bump_accepts_breaks_but_not_removal_without_deprecation(
     [removal] = [p for p in result.problems if p.startswith("BREAK")]
     assert removal.startswith("BREAK engine.sdk.attention.AttentionSpec.describe: function "
                               "removed from engine.sdk.attention.AttentionSpec without a "
-                              "deprecation period: deprecate it in a 1.x release first")
+                              f"deprecation period: deprecate it in a {versions.major}.x "
+                              "release first")
 
 
 def test_the_cli_exits_1_and_prints_the_break(repo: Layout, edit: Edit) -> None:
@@ -207,8 +218,8 @@ def test_the_cli_exits_1_and_prints_the_break(repo: Layout, edit: Edit) -> None:
     assert "1 break(s)" in run.stdout
 
 
-def test_snapshots_round_trip_and_ignore_private_moves(repo: Layout, tmp_path: Path) -> None:
-    snapshot = extract(repo.sdk_src, "1.1.0")
+def test_snapshots_round_trip_and_ignore_private_moves(repo: Layout) -> None:
+    snapshot = extract(repo.sdk_src, repo.read_version())
     assert Snapshot.loads(snapshot.dumps()).objects == snapshot.objects
     # Moving a class between private modules is not an API change: homes are public paths.
     lp = repo.sdk_src / "engine" / "sdk" / "logits_processor"
