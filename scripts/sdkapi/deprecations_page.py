@@ -9,21 +9,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sdkapi.layout import minor_of
+
 BEGIN = ("<!-- BEGIN generated: `python scripts/sdk_api.py deprecations --write` writes this "
          "table from the SDK's deprecation markers; do not edit it by hand -->")
 END = "<!-- END generated -->"
-
-
-def _key(dep: dict[str, str]) -> tuple[int, int]:
-    major, minor = dep["since"].split(".")
-    return int(major), int(minor)
 
 
 def render_table(deprecations: list[dict[str, str]], major: int) -> str:
     """The generated block, markers included: newest first."""
     lines = [BEGIN, "", "| deprecated in | what | replacement | removed in |",
              "|---|---|---|---|"]
-    for dep in sorted(deprecations, key=lambda d: (tuple(-x for x in _key(d)), d["target"])):
+    for dep in sorted(deprecations,
+                      key=lambda d: (tuple(-x for x in minor_of(d["since"])), d["target"])):
         lines.append(f"| {dep['since']} | `{dep['target']}` ({dep['kind']}) | "
                      f"{dep['replacement']} | {dep['removed_in']} |")
     if not deprecations:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 from sdkapi import deprecations_page
 from sdkapi.compare import Change, compare
-from sdkapi.layout import Layout, parse_version
+from sdkapi.layout import Layout, minor_of, parse_version
 from sdkapi.notes import missing_notes
 from sdkapi.snapshot import Snapshot, extract
 
@@ -81,8 +81,8 @@ def _deprecation_problems(result: GateResult, snapshot: Snapshot,
                           base: tuple[int, int, int], current: tuple[int, int, int]) -> None:
     new_targets = {c.path for c in result.of_kind("deprecation")}
     for dep in snapshot.deprecations():
-        since = tuple(int(x) for x in dep["since"].split("."))
-        removed_major = int(dep["removed_in"].split(".")[0])
+        since = minor_of(dep["since"])
+        removed_major = minor_of(dep["removed_in"])[0]
         if removed_major <= current[0]:
             result.problems.append(
                 f"{dep['target']} was to be removed in {dep['removed_in']} and SDK "

@@ -20,6 +20,12 @@ def parse_version(text: str) -> tuple[int, int, int]:
     return major, minor, patch
 
 
+def minor_of(text: str) -> tuple[int, int]:
+    """``"1.2"`` or ``"1.2.3"`` -> ``(1, 2)``: the release a note or deprecation names."""
+    major, minor = text.split(".")[:2]
+    return int(major), int(minor)
+
+
 @dataclass(frozen=True)
 class Layout:
     """The paths the API tools read and write, under one repository root."""

@@ -20,18 +20,14 @@ from collections.abc import Iterable
 from typing import Any
 
 from sdkapi.compare import Change
+from sdkapi.layout import minor_of
 from sdkapi.snapshot import Snapshot
 
 Version = tuple[int, int, int]
 
 
-def _minor(text: str) -> tuple[int, int]:
-    parts = text.split(".")
-    return int(parts[0]), int(parts[1])
-
-
 def _in_range(note_version: str, baseline: Version, current: Version) -> bool:
-    return baseline[:2] < _minor(note_version) <= current[:2]
+    return baseline[:2] < minor_of(note_version) <= current[:2]
 
 
 def _has(record: dict[str, Any] | None, directives: tuple[str, ...], baseline: Version,
@@ -68,7 +64,7 @@ def missing_notes(
             if record is None or record["kind"] == "alias":
                 continue  # arguments and module names: the owner documents them
             since = record["deprecated"]["since"]
-            if not any(d == "deprecated" and _minor(v) == _minor(since)
+            if not any(d == "deprecated" and minor_of(v) == minor_of(since)
                        for d, v, _ in record.get("notes", [])):
                 problems.append(f"{change.path}: deprecated since {since}; add "
                                 f"`.. deprecated:: {since} <what to use instead>` to its "

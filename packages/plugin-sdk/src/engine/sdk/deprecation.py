@@ -66,8 +66,16 @@ _MARK = "__engine_sdk_deprecation__"
 class SDKDeprecationWarning(DeprecationWarning):
     """A plugin uses a feature of the SDK that is deprecated (removed in the next major).
 
+    Args:
+        message: Who uses what, and what to do instead.
+        deprecation: The feature used (tools such as ``engine plugins check`` read it).
+
     .. versionadded:: 1.1
     """
+
+    def __init__(self, message: str, deprecation: Deprecation | None = None) -> None:
+        super().__init__(message)
+        self.deprecation = deprecation
 
 
 @dataclass(frozen=True)
@@ -188,7 +196,7 @@ def warn_deprecated(
         _warned.add(once)
     message = f"{user}: {deprecation.message()}"
     _logger.warning("%s", message)
-    warnings.warn(message, SDKDeprecationWarning, stacklevel=level)
+    warnings.warn(SDKDeprecationWarning(message, deprecation), stacklevel=level)
 
 
 def _wrap_callable(func: Callable[..., Any], dep: Deprecation) -> Callable[..., Any]:

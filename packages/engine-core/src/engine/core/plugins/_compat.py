@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from engine.core.plugins._entry import PluginEntry
 from engine.core.plugins._loader import SDK_DISTRIBUTION, sdk_requirement, spell_range
 from engine.sdk._version import SDK_MAJOR
 from engine.sdk._version import __version__ as SDK_VERSION
-from engine.sdk.deprecation import SDKDeprecationWarning, overridden_hooks
-
-#: How :meth:`engine.sdk.deprecation.Deprecation.message` begins, after the user's name.
-_USE_PHRASES = (": uses ", ": passes the argument ", ": overrides ")
+from engine.sdk.deprecation import Deprecation, SDKDeprecationWarning, overridden_hooks
 
 
 @dataclass(frozen=True)
@@ -40,7 +37,7 @@ class Compatibility:
     sdk_version: str | None
     running_sdk: str = SDK_VERSION
     deprecated: tuple[str, ...] = ()
-    advice: tuple[str, ...] = field(default=())
+    advice: tuple[str, ...] = ()
 
     def describe(self) -> str:
         """One line: ``built for engine-plugin-sdk>=1.0,<2; running 1.1.0``."""
@@ -65,14 +62,6 @@ def _advice(entry: PluginEntry, requirement: str | None) -> tuple[str, ...]:
     return ()
 
 
-def _without_user(message: str) -> str:
-    """A deprecation warning's text without the leading plugin name."""
-    for phrase in _USE_PHRASES:
-        if phrase in message:
-            return phrase[2:] + message.split(phrase, 1)[1]
-    return message
-
-
 def load_and_check(entry: PluginEntry, load: Callable[[PluginEntry], Any]) -> tuple[
         Any, Compatibility]:
     """``load(entry)``, recording the deprecated SDK features its import and class use.
@@ -83,17 +72,18 @@ def load_and_check(entry: PluginEntry, load: Callable[[PluginEntry], Any]) -> tu
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", SDKDeprecationWarning)
         obj = load(entry)
-    used = [dep.message() for dep in overridden_hooks(obj)] if isinstance(obj, type) else []
+    # The hooks it overrides are read from the class (they were warned about at its creation,
+    # which may have happened before this call); the rest from what its import emitted.
+    used: list[Deprecation] = list(overridden_hooks(obj)) if isinstance(obj, type) else []
     for warning in caught:
-        if issubclass(warning.category, SDKDeprecationWarning):
-            text = _without_user(str(warning.message))
-            if text not in used:
-                used.append(text)
+        dep = getattr(warning.message, "deprecation", None)
+        if isinstance(dep, Deprecation) and dep not in used:
+            used.append(dep)
     specifier = sdk_requirement(entry)
     requirement = spell_range(specifier) if specifier is not None else None
     return obj, Compatibility(
         requirement=requirement,
         sdk_version=getattr(obj, "sdk_version", None) if isinstance(obj, type) else None,
-        deprecated=tuple(used),
+        deprecated=tuple(dep.message() for dep in used),
         advice=_advice(entry, requirement),
     )
