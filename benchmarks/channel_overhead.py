@@ -123,7 +123,7 @@ def direct_worker(config_json: str, prompts: list[list[int]], output_len: int, t
     """Runs in a spawned process: build EngineCore once, then run the workload on it."""
     global _CORE
     from engine.core.config import EngineConfig
-    from engine.core.engine_core import EngineCore
+    from engine.core.engine.engine_core import EngineCore
     from engine.core.startup import prepare
 
     if _CORE is None:

@@ -11,10 +11,10 @@ import pytest
 
 from engine.core import LLM
 from engine.core.client.async_llm import AsyncLLM, in_process_client
-from engine.core.client.core_client import EngineDeadError
 from engine.core.client.in_process import InProcessCoreClient
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore
+from engine.core.engine.engine_core import EngineCore
+from engine.core.messages import EngineDeadError
 from engine.core.outputs import RequestOutput
 from engine.core.startup import EngineSetup
 from engine.sdk import IterationStats, SamplingParams, SchedulerStats, StatLogger

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from engine.core import LLM, SamplingParams
-from engine.core.client.core_client import EngineDeadError
+from engine.core.messages import EngineDeadError
 from engine.testing.engine import assert_kv_pool_full
 
 PROMPTS: list[Any] = [{"prompt_token_ids": list(range(3, 3 + n))} for n in (5, 23, 9, 41)]

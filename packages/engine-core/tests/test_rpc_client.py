@@ -18,10 +18,10 @@ from pathlib import Path
 import grpc
 import pytest
 
-from engine.core.client.core_client import EngineDeadError
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore
+from engine.core.engine.engine_core import EngineCore
 from engine.core.frontend.front_end import eos_token_id_of
+from engine.core.messages import EngineDeadError
 from engine.core.plugins import ManifestEntry, PluginManifest
 from engine.core.rpc import SECRET_METADATA_KEY, GrpcCoreClient
 from engine.core.rpc._gen import engine_core_pb2 as pb

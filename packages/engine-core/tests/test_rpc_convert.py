@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from engine.core.client.core_client import EngineInfo, StepOutputs
+from engine.core.messages import EngineInfo, StepOutputs
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.sdk.errors import ValidationError

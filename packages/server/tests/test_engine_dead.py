@@ -19,7 +19,7 @@ import pytest
 from engine.core.client.async_llm import AsyncLLM
 from engine.core.client.in_process import InProcessCoreClient
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore
+from engine.core.engine.engine_core import EngineCore
 from engine.core.startup import EngineSetup
 from engine.server.app import build_app
 from engine.server.state import ServerArgs

@@ -10,12 +10,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.core.plugins._local import plugin_reference
 from engine.sdk.groups import GROUPS
 
 DType = Literal["auto", "bfloat16", "float16", "float32"]
+ExecutorBackend = Literal["uni", "mp", "ray"]
 
 
 def qualified_plugin_name(key: str) -> str:
@@ -80,6 +81,16 @@ class EngineConfig(BaseModel):
     logits_processors: tuple[str, ...] = Field(
         (), description="extra logits processors by module:Class, or in Python the classes "
         "(installed ones in engine.logits_processors are always loaded)")
+    tensor_parallel_size: int = Field(
+        1, ge=1, description="tensor-parallel ranks (worker processes) the model is split "
+        "across; attention and KV heads must divide by it")
+    distributed_executor_backend: ExecutorBackend | None = Field(
+        None, description="how workers run: uni (one worker inside EngineCore), mp (one "
+        "process per rank), ray (Ray actors; needs engine-core[ray]); default: uni for one "
+        "rank, mp for more")
+    worker_extensions: tuple[str, ...] = Field(
+        (), description="worker extensions (engine.worker_extensions names or module:Class, "
+        "comma-separated on the CLI) whose methods collective_rpc reaches on every worker")
     seed: int = Field(0, description="seed of the engine's global random state")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores)")
@@ -100,7 +111,7 @@ class EngineConfig(BaseModel):
     def _class_to_reference(cls, value: Any) -> Any:
         return plugin_reference(value)
 
-    @field_validator("logits_processors", mode="before")
+    @field_validator("logits_processors", "worker_extensions", mode="before")
     @classmethod
     def _classes_to_references(cls, value: Any) -> Any:
         if isinstance(value, (list, tuple)):
@@ -110,7 +121,7 @@ class EngineConfig(BaseModel):
     def plugin_selections(self) -> list[str]:
         """Every plugin this config selects by name, ``module:Class`` or class object."""
         names = [self.scheduler, self.scheduling_policy, self.attention_backend,
-                 self.linear_kernel, *self.logits_processors]
+                 self.linear_kernel, *self.logits_processors, *self.worker_extensions]
         return [name for name in names if name is not None]
 
     @field_validator("plugin_options")
@@ -119,12 +130,28 @@ class EngineConfig(BaseModel):
             cls, value: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         return {qualified_plugin_name(key): options for key, options in value.items()}
 
+    @property
+    def executor_backend(self) -> ExecutorBackend:
+        """``distributed_executor_backend``, or its default: uni for one rank, else mp."""
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "uni" if self.tensor_parallel_size == 1 else "mp"
+
     def options_for(self, group: str, name: str) -> dict[str, Any]:
         """The ``--plugin-option`` values of plugin ``name`` in ``group``.
 
         Values given as ``GROUP:NAME`` override those given as plain ``NAME``.
         """
         return plugin_options_for(self.plugin_options, group, name)
+
+    @model_validator(mode="after")
+    def _executor_fits_ranks(self) -> EngineConfig:
+        if self.distributed_executor_backend == "uni" and self.tensor_parallel_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend 'uni' runs one worker inside EngineCore, but "
+                f"tensor_parallel_size is {self.tensor_parallel_size}; use 'mp' (one process "
+                f"per rank, the default for more than one rank) or 'ray'")
+        return self
 
     @field_validator("model")
     @classmethod

@@ -72,6 +72,26 @@ class LLM:
         """Stop EngineCore (its process, if it has one); idempotent."""
         self.llm_engine.shutdown()
 
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> list[Any]:
+        """Call ``method`` of the worker extensions on every worker (vLLM's collective_rpc).
+
+        ``method`` is a method of a worker extension selected with
+        ``worker_extensions=[...]`` (``--worker-extension``); inside it ``self`` is the
+        worker (``rank``, ``world_size``, ``device``, ``model``, ``kv_caches``). Returns one
+        result per tensor-parallel rank, in rank order. Arguments and results must be
+        JSON-serialisable unless ``in_process=True`` with one rank.
+
+        Raises:
+            CollectiveRpcError: no selected extension defines ``method``, the method raised
+                on a rank (the message names the rank, the extension and its
+                distribution), or no answer came within ``timeout`` seconds. The engine
+                keeps serving.
+            EngineDeadError: the engine is gone.
+        """
+        return self.llm_engine.collective_rpc(method, args, kwargs, timeout)
+
     def get_tokenizer(self) -> Tokenizer:
         """The model's tokenizer."""
         return self.llm_engine.tokenizer

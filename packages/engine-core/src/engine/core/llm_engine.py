@@ -13,11 +13,11 @@ debuggers reach every seam (``engine.core.worker.built.model``, exceptions in th
 from __future__ import annotations
 
 import weakref
-from typing import Union
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Union
 
 from engine.core.client.sync_client import SyncCoreClient
 from engine.core.config import EngineConfig
-from engine.core.engine_core import EngineCore
 from engine.core.frontend.front_end import FrontEndParts
 from engine.core.frontend.input_processor import ProcessedRequest, PromptType
 from engine.core.outputs import RequestOutput
@@ -26,8 +26,11 @@ from engine.core.startup import EngineSetup, prepare
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import RequestStatus
 
+if TYPE_CHECKING:
+    from engine.core.engine.engine_core import EngineCore
+
 #: EngineCore as ``LLMEngine`` uses it: in this process, or a spawned one behind gRPC.
-CoreHandle = Union[EngineCore, SyncCoreClient]
+CoreHandle = Union["EngineCore", SyncCoreClient]
 
 
 class LLMEngine:
@@ -58,6 +61,8 @@ class LLMEngine:
             self.output_processor = parts.output_processor
             self.core: CoreHandle
             if launch is None:
+                from engine.core.engine.engine_core import EngineCore  # in this process
+
                 self.core = EngineCore(self.setup, eos_token_id=self.eos_token_id)
             else:
                 from engine.core.rpc import GrpcCoreClient  # grpc: only for this transport
@@ -118,6 +123,16 @@ class LLMEngine:
         if processed.reqs_to_abort:
             self.core.finish_requests(processed.reqs_to_abort, RequestStatus.FINISHED_STOPPED)
         return processed.request_outputs
+
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> list[Any]:
+        """Call a worker-extension method on every worker; one result per rank (in order).
+
+        Raises:
+            CollectiveRpcError: unknown method, an exception on a rank, or the timeout.
+        """
+        return self.core.collective_rpc(method, args, kwargs, timeout)
 
     def shutdown(self) -> None:
         """Stop the engine (and EngineCore's process); idempotent."""

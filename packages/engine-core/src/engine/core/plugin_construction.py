@@ -6,6 +6,8 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from engine.core.startup import EngineSetup
+from engine.sdk.groups import LOGITS_PROCESSORS
+from engine.sdk.logits_processor import LogitsProcessor
 from engine.sdk.plugin import Plugin, PluginOptions
 
 T = TypeVar("T")
@@ -24,3 +26,15 @@ def construct_plugin(setup: EngineSetup, group: str, name: str, cls: type[Plugin
     except Exception as exc:
         raise setup.catalog.error(
             group, name, f"constructing it failed: {type(exc).__name__}: {exc}") from exc
+
+
+def logits_processor_classes(setup: EngineSetup) -> dict[str, type[LogitsProcessor]]:
+    """Every installed (allowed) logits processor plus the ones given by ``module:Class``.
+
+    The front end validates requests with them (``validate_params``); rank 0's worker
+    applies them.
+    """
+    classes: dict[str, type[LogitsProcessor]] = dict(setup.catalog.load_group(LOGITS_PROCESSORS))
+    for path in setup.config.logits_processors:
+        classes[path] = setup.catalog.load(LOGITS_PROCESSORS, path)
+    return classes

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 
 from engine.core.config import EngineConfig
+from engine.core.distributed import check_tensor_parallel
 from engine.core.model_loader import ModelSource, load_config, resolve_model
 from engine.core.platforms import select_platform
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
@@ -128,6 +129,7 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     platform.check_and_update_config(platform_config)
     source = resolve_model(config.model)
     hf_config = load_config(source)
+    check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
     dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
     setup = EngineSetup(
         config=config, catalog=catalog, manifest=manifest, platform=platform, source=source,

@@ -70,7 +70,13 @@ class ModelInterface(Plugin, ABC):
 
     @abstractmethod
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` (float32) for the given hidden-state rows."""
+        """Logits ``[rows, vocab]`` (float32) for the given hidden-state rows.
+
+        Under tensor parallelism every rank calls it with the same rows, the same number of
+        times in the same order (the LM head gathers across ranks): rank 0's result is the
+        full ``[rows, vocab]``; the other ranks' results are not used (the engine's
+        column-parallel LM head returns their own vocabulary shard there).
+        """
 
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

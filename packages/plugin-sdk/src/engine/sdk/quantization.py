@@ -112,7 +112,9 @@ class LayerInfo:
             tp_size`` for row-parallel and embedding layers, else ``input_size``).
         output_partition_sizes: Output features on this rank of each logical output
             fused into the layer, in order (``(q, k, v)`` for a QKV projection, one entry
-            for an unfused layer). Their sum is the rank's output width.
+            for an unfused layer). Their sum is the rank's output width. A column-parallel
+            ``"lm_head"`` has ``ceil(vocab / tp_size)`` rows on every rank (rows past the
+            vocabulary are zero padding).
         params_dtype: Dtype of unquantized parameters and activations, e.g. ``"bfloat16"``.
         tp_rank: This worker's tensor-parallel rank.
         tp_size: Number of tensor-parallel ranks.

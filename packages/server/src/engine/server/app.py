@@ -2,7 +2,8 @@
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
 ``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``, plus the routes of allowed
-endpoint plugins. ``--api-key`` protects ``/v1/*``. The app's lifespan starts the engine
+endpoint plugins, and with ``--enable-dev-endpoints`` ``POST /collective_rpc``.
+``--api-key`` protects ``/v1/*`` and the dev endpoints. The app's lifespan starts the engine
 if it is not running yet, initialises endpoint plugins, and shuts the engine down at exit.
 """
 
@@ -18,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.core import __version__
 from engine.core.client.async_llm import AsyncLLM
-from engine.server import basic, chat, completions, metrics, tokenize
+from engine.server import basic, chat, completions, dev, metrics, tokenize
 from engine.server.endpoints import (
     LoadedEndpoint,
     attach_endpoint_plugins,
@@ -29,14 +30,16 @@ from engine.server.state import ServerArgs, ServerState
 
 
 class APIKeyMiddleware:
-    """Refuse ``/v1/*`` requests without ``Authorization: Bearer <key>`` (401)."""
+    """Refuse ``/v1/*`` (and ``paths``) requests without ``Authorization: Bearer <key>``."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, paths: tuple[str, ...] = ()) -> None:
         self.app = app
         self._expected = f"Bearer {api_key}".encode()
+        self._paths = frozenset(paths)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/"):
+        if scope["type"] == "http" and (scope["path"].startswith("/v1/")
+                                        or scope["path"] in self._paths):
             given = dict(scope["headers"]).get(b"authorization", b"")
             if not hmac.compare_digest(given, self._expected):
                 response = error_response(
@@ -78,8 +81,11 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
     install_error_handlers(app)
     for module in (completions, chat, basic, tokenize, metrics):
         app.include_router(module.router)
+    if args.enable_dev_endpoints:
+        app.include_router(dev.router)
     if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key,
+                           paths=dev.PATHS if args.enable_dev_endpoints else ())
     if args.enable_endpoint_plugins:
         loaded.extend(attach_endpoint_plugins(app, engine.setup.catalog))
     return app

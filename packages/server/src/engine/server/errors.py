@@ -23,7 +23,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from engine.core.client.core_client import EngineDeadError
+from engine.core.messages import EngineDeadError
 from engine.sdk.errors import ValidationError
 
 logger = logging.getLogger("engine.server")

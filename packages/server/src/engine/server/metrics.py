@@ -36,7 +36,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from engine.core.client.core_client import EngineDeadError
+from engine.core.messages import EngineDeadError
 from engine.sdk.stat_logger import StatLogger, StatLoggerContext
 from engine.sdk.stats import IterationStats, SchedulerStats
 from engine.server.state import server_state

@@ -22,11 +22,13 @@ class ServerArgs:
             the model's display name.
         api_key: When set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
         enable_endpoint_plugins: Load allowed ``engine.endpoints`` plugins.
+        enable_dev_endpoints: Serve ``POST /collective_rpc`` (``--enable-dev-endpoints``).
     """
 
     served_model_names: tuple[str, ...] = ()
     api_key: str | None = None
     enable_endpoint_plugins: bool = True
+    enable_dev_endpoints: bool = False
 
 
 @dataclass

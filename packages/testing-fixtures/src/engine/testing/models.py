@@ -106,3 +106,25 @@ def _write_tokenizer(path: Path, vocab_size: int) -> None:
         "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
         "unk_token": "<unk>", "chat_template": template,
     }))
+
+
+def build_tiny_llama_with(path: Path, seed: int = 0, **changes: Any) -> Path:
+    """Write the tiny Llama of ``TINY_LLAMA`` with some config values changed to ``path``.
+
+    E.g. ``num_key_value_heads=1`` (one KV head: replicated under tensor parallelism),
+    ``vocab_size=509`` (a vocabulary no rank count divides), ``attention_bias=True``,
+    ``mlp_bias=True``. Default rope; the same init spread as :func:`build_tiny_checkpoint`.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(**{**TINY_LLAMA, **changes})
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():  # biases (zero in transformers' init) get values too
+        for name, param in model.named_parameters():
+            if param.dim() > 1 or name.endswith(".bias"):
+                param.normal_(0.0, 0.08)
+    model.save_pretrained(path, safe_serialization=True)
+    _write_tokenizer(path, config.vocab_size)
+    return path

@@ -1,10 +1,9 @@
-"""Clients of EngineCore: the transport interface and its in-process and gRPC forms."""
+"""Clients of EngineCore: the transport interface and its in-process and gRPC forms.
 
-from engine.core.client.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineInfo,
-    StepOutputs,
-)
+The types that cross the boundary (``EngineInfo``, ``StepOutputs``, ``EngineDeadError``)
+live in :mod:`engine.core.messages`.
+"""
 
-__all__ = ["EngineCoreClient", "EngineDeadError", "EngineInfo", "StepOutputs"]
+from engine.core.client.core_client import EngineCoreClient
+
+__all__ = ["EngineCoreClient"]

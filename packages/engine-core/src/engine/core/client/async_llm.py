@@ -24,22 +24,17 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Union
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from typing import Any, Union
 
-from engine.core.client.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineInfo,
-    StepOutputs,
-)
-from engine.core.client.in_process import InProcessCoreClient
+from engine.core.client.core_client import EngineCoreClient
 from engine.core.client.iteration_stats import IterationStatsTracker
 from engine.core.client.request_stream import RequestStream
 from engine.core.client.stat_loggers import LoggingStatLogger, StatLoggerSet
 from engine.core.config import EngineConfig
 from engine.core.frontend.front_end import FrontEndParts
 from engine.core.frontend.input_processor import PromptType
+from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
 from engine.core.outputs import RequestOutput
 from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup, prepare
@@ -62,6 +57,8 @@ StatLoggerFactory = Callable[[StatLoggerContext], StatLogger]
 
 def in_process_client(setup: EngineSetup, eos_token_id: int | None) -> EngineCoreClient:
     """The ``--in-process`` transport: EngineCore on a thread of this process."""
+    from engine.core.client.in_process import InProcessCoreClient  # EngineCore's code
+
     return InProcessCoreClient(setup, eos_token_id=eos_token_id)
 
 
@@ -304,6 +301,23 @@ class AsyncLLM:
         """Drop cached KV blocks nobody uses; False if some are in use."""
         self._check_alive()
         return await self.client.reset_prefix_cache()
+
+    async def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                             kwargs: dict[str, Any] | None = None,
+                             timeout: float | None = None) -> list[Any]:
+        """Call worker-extension ``method`` on every worker; one result per rank, in order.
+
+        The call runs between two engine steps. Arguments and results must be
+        JSON-serialisable when EngineCore or the workers run in other processes.
+
+        Raises:
+            CollectiveRpcError: no selected extension defines ``method``, it raised on a
+                rank (the message names the rank, the extension and its distribution), or
+                no answer came within ``timeout`` seconds. The engine keeps serving.
+            EngineDeadError: the engine is gone.
+        """
+        self._check_alive()
+        return await self.client.collective_rpc(method, tuple(args), kwargs, timeout)
 
     def _check_alive(self) -> None:
         error = self.dead_error

@@ -16,51 +16,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from typing import Any
 
-from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
+from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
+from engine.sdk.scheduler import EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
 
-
-class EngineDeadError(RuntimeError):
-    """EngineCore stopped (crashed, was killed, or shut down): no request can be served.
-
-    The server answers 503 and fails in-flight requests with this message.
-    """
-
-
-@dataclass(frozen=True)
-class EngineInfo:
-    """What the front end learns from EngineCore once it is up.
-
-    Attributes:
-        model_name: The model's display name.
-        max_model_len: Longest prompt + output.
-        num_kv_blocks: Usable KV blocks.
-        block_size: Tokens per KV block.
-        vocab_size: Logits columns.
-    """
-
-    model_name: str
-    max_model_len: int
-    num_kv_blocks: int
-    block_size: int
-    vocab_size: int
-
-
-@dataclass(frozen=True)
-class StepOutputs:
-    """The outputs of one engine step, delivered together (never one message per token).
-
-    Attributes:
-        outputs: Per-request results of the step.
-        scheduler_stats: The scheduler's state after the step.
-        timestamp: ``time.time()`` when the step finished, in EngineCore.
-    """
-
-    outputs: Sequence[EngineCoreOutput] = ()
-    scheduler_stats: SchedulerStats | None = None
-    timestamp: float = 0.0
+__all__ = ["EngineCoreClient", "EngineDeadError", "EngineInfo", "StepOutputs"]
 
 
 class EngineCoreClient(ABC):
@@ -101,6 +63,17 @@ class EngineCoreClient(ABC):
     @abstractmethod
     async def reset_prefix_cache(self) -> bool:
         """Drop cached blocks not in use; False if some blocks are in use."""
+
+    @abstractmethod
+    async def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                             kwargs: dict[str, Any] | None = None,
+                             timeout: float | None = None) -> list[Any]:
+        """Call ``method`` of the worker extensions on every worker; one result per rank.
+
+        Raises:
+            CollectiveRpcError: the method is unknown, raised on a rank, or timed out.
+            EngineDeadError: EngineCore is gone.
+        """
 
     @abstractmethod
     async def shutdown(self) -> None:

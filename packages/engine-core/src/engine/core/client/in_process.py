@@ -1,41 +1,29 @@
-"""``InProcessCoreClient``: EngineCore on a dedicated thread of the front end's process.
+"""``InProcessCoreClient``: EngineCore's busy loop on a dedicated thread of this process.
 
-The engine thread runs EngineCore's busy loop::
-
-    while running:
-        drain commands (add / abort / finish / stats / reset / stop)
-        if EngineCore has work:   step() -> StepOutputs -> the event loop
-        else:                     wait on the wake-up event (no busy spin)
-
-Commands come from the event loop through a thread-safe queue and set the wake-up event;
-step outputs go back with ``loop.call_soon_threadsafe`` into an ``asyncio.Queue`` that
-:meth:`InProcessCoreClient.outputs` reads. An exception on the engine thread makes the
-client dead: :attr:`~InProcessCoreClient.dead_error` holds an ``EngineDeadError`` whose
-cause is the exception, ``outputs()`` raises it, pending calls fail with it and later calls
-raise it at once, so nothing waits forever.
-
-EngineCore itself (and the worker, weights included) is built on the engine thread, so
-``start()`` does not block the event loop while weights load.
+The thread builds EngineCore (weights included, so ``start()`` does not block the event
+loop while they load) and runs the same :class:`~engine.core.engine.loop.EngineLoop` the
+EngineCore process runs, with an :class:`OutputSink` that hands each step to the event loop
+(``call_soon_threadsafe`` into an ``asyncio.Queue`` that :meth:`outputs` reads). Commands
+(add / abort / finish) and calls (stats, prefix-cache reset, collective_rpc) go through the
+loop's inbox, exactly as gRPC handler threads send them in the EngineCore process, so both
+transports share one failure policy: a request the scheduler refuses ends as aborted, and
+an exception in a step makes the client dead. :attr:`~InProcessCoreClient.dead_error` then
+holds an ``EngineDeadError`` whose cause is the exception; ``outputs()`` raises it, pending
+calls fail with it and later calls raise it at once, so nothing waits forever.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
-from engine.core.client.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineInfo,
-    StepOutputs,
-)
-from engine.core.engine_core import EngineCore
+from engine.core.client.core_client import EngineCoreClient
+from engine.core.engine.engine_core import EngineCore
+from engine.core.engine.loop import EngineLoop, LoopStoppedError, OutputSink
+from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
@@ -45,22 +33,27 @@ logger = logging.getLogger("engine.core")
 #: Builds EngineCore from a setup and an EOS id (tests pass a failing one).
 CoreFactory = Callable[[EngineSetup, "int | None"], EngineCore]
 
+#: Put on the outputs queue when the engine thread ends (dead or shut down).
+_END = object()
+
 
 def _default_core_factory(setup: EngineSetup, eos_token_id: int | None) -> EngineCore:
     return EngineCore(setup, eos_token_id=eos_token_id)
 
 
-@dataclass(frozen=True)
-class _Call:
-    """A command answered with a result: ``fn(core)`` runs on the engine thread."""
+class _EventLoopSink(OutputSink):
+    """Hands steps to the client's event loop."""
 
-    fn: Callable[[EngineCore], Any]
-    future: asyncio.Future[Any]
+    def __init__(self, client: InProcessCoreClient) -> None:
+        super().__init__()
+        self._client = client
 
+    def publish(self, step: StepOutputs) -> None:
+        assert self._client._outputs is not None
+        self._client._post(self._client._outputs.put_nowait, step)
 
-_STOP = object()
-#: Put on the outputs queue when the engine thread ends (dead or shut down).
-_END = object()
+    def close(self, error: str | None) -> None:
+        """Nothing to do: the thread reports the end when the loop has returned."""
 
 
 class InProcessCoreClient(EngineCoreClient):
@@ -77,11 +70,11 @@ class InProcessCoreClient(EngineCoreClient):
         self.setup = setup
         self.eos_token_id = eos_token_id
         self._core_factory = core_factory
-        self._commands: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._wake = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._event_loop: asyncio.AbstractEventLoop | None = None
         self._outputs: asyncio.Queue[Any] | None = None
         self._thread: threading.Thread | None = None
+        self._engine_loop: EngineLoop | None = None
+        self._sink = _EventLoopSink(self)
         self._dead: EngineDeadError | None = None
         self._stopping = False
         self._pending: set[asyncio.Future[Any]] = set()
@@ -91,25 +84,24 @@ class InProcessCoreClient(EngineCoreClient):
     async def start(self) -> EngineInfo:
         if self._thread is not None:
             raise RuntimeError("InProcessCoreClient.start() was already called")
-        self._loop = asyncio.get_running_loop()
+        self._event_loop = asyncio.get_running_loop()
         self._outputs = asyncio.Queue()
-        ready: asyncio.Future[EngineInfo] = self._loop.create_future()
+        ready: asyncio.Future[EngineInfo] = self._event_loop.create_future()
         self._thread = threading.Thread(target=self._run, args=(ready,),
                                         name="engine-core", daemon=True)
         self._thread.start()
         return await ready
 
     def add_requests(self, requests: Sequence[EngineRequest]) -> None:
-        self._check_alive()
-        self._send(("add", tuple(requests)))
+        self._loop().add_requests(self._sink, tuple(requests))
 
     def abort_requests(self, request_ids: Sequence[str]) -> None:
-        if request_ids and self._dead is None:
-            self._send(("abort", tuple(request_ids)))
+        if request_ids and self._dead is None and self._engine_loop is not None:
+            self._engine_loop.abort_requests(self._sink, tuple(request_ids))
 
     def finish_requests(self, request_ids: Sequence[str], status: RequestStatus) -> None:
-        if request_ids and self._dead is None:
-            self._send(("finish", tuple(request_ids), status))
+        if request_ids and self._dead is None and self._engine_loop is not None:
+            self._engine_loop.finish_requests(self._sink, tuple(request_ids), status)
 
     async def outputs(self) -> AsyncIterator[StepOutputs]:
         if self._outputs is None:
@@ -134,12 +126,20 @@ class InProcessCoreClient(EngineCoreClient):
     async def reset_prefix_cache(self) -> bool:
         return bool(await self._call(lambda core: core.reset_prefix_cache()))
 
+    async def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                             kwargs: dict[str, Any] | None = None,
+                             timeout: float | None = None) -> list[Any]:
+        results: list[Any] = await self._call(
+            lambda core: core.collective_rpc(method, args, kwargs, timeout))
+        return results
+
     async def shutdown(self) -> None:
         thread = self._thread
         if thread is None or self._stopping:
             return
         self._stopping = True
-        self._send(_STOP)
+        if self._engine_loop is not None:
+            self._engine_loop.stop()
         while thread.is_alive():  # polled: no executor threads at interpreter exit
             await asyncio.sleep(0.01)
 
@@ -149,24 +149,25 @@ class InProcessCoreClient(EngineCoreClient):
 
     # -- event-loop side -------------------------------------------------------------------
 
-    def _check_alive(self) -> None:
+    def _loop(self) -> EngineLoop:
         if self._dead is not None:
             raise self._dead
-        if self._stopping:
+        if self._stopping or self._engine_loop is None:
             raise EngineDeadError("EngineCore is shutting down")
-
-    def _send(self, command: Any) -> None:
-        self._commands.put(command)
-        self._wake.set()
+        return self._engine_loop
 
     async def _call(self, fn: Callable[[EngineCore], Any]) -> Any:
-        self._check_alive()
-        assert self._loop is not None
-        future = self._loop.create_future()
+        engine_loop = self._loop()
+        try:
+            future = asyncio.wrap_future(engine_loop.call_future(
+                lambda: fn(engine_loop.core)))
+        except LoopStoppedError:
+            raise self._dead or EngineDeadError("EngineCore stopped") from None
         self._pending.add(future)
         try:
-            self._send(_Call(fn, future))
             return await future
+        except LoopStoppedError:
+            raise self._dead or EngineDeadError("EngineCore stopped") from None
         finally:
             self._pending.discard(future)
 
@@ -187,9 +188,9 @@ class InProcessCoreClient(EngineCoreClient):
     # -- engine thread ---------------------------------------------------------------------
 
     def _post(self, fn: Callable[..., Any], *args: Any) -> None:
-        assert self._loop is not None
+        assert self._event_loop is not None
         try:
-            self._loop.call_soon_threadsafe(fn, *args)
+            self._event_loop.call_soon_threadsafe(fn, *args)
         except RuntimeError:  # the event loop is closed: nobody is listening any more
             pass
 
@@ -198,11 +199,17 @@ class InProcessCoreClient(EngineCoreClient):
         core: EngineCore | None = None
         try:
             core = self._core_factory(self.setup, self.eos_token_id)
+            engine_loop = EngineLoop(core)
+            engine_loop.attach(self._sink)
+            self._engine_loop = engine_loop
+            if self._stopping:
+                engine_loop.stop()
             self._post(_resolve, ready, core.info(), None)
-            self._busy_loop(core)
+            engine_loop.run()
         except BaseException as exc:
             error = exc
-            logger.exception("EngineCore failed")
+            if core is None:
+                logger.exception("EngineCore failed")
             self._post(_resolve, ready, None, EngineDeadError(
                 f"EngineCore failed: {type(exc).__name__}: {exc}"))
         finally:
@@ -212,43 +219,6 @@ class InProcessCoreClient(EngineCoreClient):
                 except Exception:
                     logger.exception("EngineCore shutdown failed")
             self._post(self._on_end, error)
-
-    def _busy_loop(self, core: EngineCore) -> None:
-        scheduler = core.scheduler
-        while True:
-            self._wake.clear()
-            if not self._drain(core):
-                return
-            if scheduler.has_unfinished_requests() or scheduler.has_finished_requests():
-                outputs = core.step()
-                step = StepOutputs(outputs, core.make_stats(), time.time())
-                assert self._outputs is not None
-                self._post(self._outputs.put_nowait, step)
-            else:
-                self._wake.wait()
-
-    def _drain(self, core: EngineCore) -> bool:
-        """Apply every queued command; False when asked to stop."""
-        while True:
-            try:
-                command = self._commands.get_nowait()
-            except queue.Empty:
-                return True
-            if command is _STOP:
-                return False
-            if isinstance(command, _Call):
-                try:
-                    result, exc = command.fn(core), None
-                except Exception as error:  # noqa: BLE001 - handed to the caller
-                    result, exc = None, error
-                self._post(_resolve, command.future, result, exc)
-            elif command[0] == "add":
-                for request in command[1]:
-                    core.add_request(request)
-            elif command[0] == "abort":
-                core.abort_requests(command[1])
-            else:
-                core.finish_requests(command[1], command[2])
 
 
 def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:

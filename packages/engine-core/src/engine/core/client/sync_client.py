@@ -25,12 +25,8 @@ import threading
 from collections.abc import Coroutine, Iterable, Sequence
 from typing import Any, TypeVar
 
-from engine.core.client.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineInfo,
-    StepOutputs,
-)
+from engine.core.client.core_client import EngineCoreClient
+from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
 
@@ -140,6 +136,12 @@ class SyncCoreClient:
     def reset_prefix_cache(self) -> bool:
         """Drop cached blocks not in use; False if some are in use."""
         return self._call(self.client.reset_prefix_cache())
+
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> list[Any]:
+        """Call a worker-extension method on every worker; one result per rank."""
+        return self._call(self.client.collective_rpc(method, args, kwargs, timeout))
 
     def shutdown(self) -> None:
         """Stop EngineCore and the loop thread; idempotent."""

@@ -8,9 +8,9 @@ from typing import Any
 from engine.core.config import EngineConfig
 from engine.core.frontend.input_processor import InputProcessor
 from engine.core.frontend.output_processor import OutputProcessor
+from engine.core.plugin_construction import logits_processor_classes
 from engine.core.startup import EngineSetup
 from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
-from engine.core.worker.worker import logits_processor_classes
 
 
 def eos_token_id_of(tokenizer: Tokenizer, hf_config: Any) -> int | None:

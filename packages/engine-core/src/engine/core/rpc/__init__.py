@@ -17,16 +17,16 @@ from typing import TYPE_CHECKING
 from engine.core._lazy import lazy_attributes
 
 if TYPE_CHECKING:
+    from engine.core.rpc.channel import SECRET_METADATA_KEY
     from engine.core.rpc.client import GrpcCoreClient
     from engine.core.rpc.launch import EngineLaunch
-    from engine.core.rpc.server import SECRET_METADATA_KEY
 
 __all__ = ["EngineLaunch", "GrpcCoreClient", "SECRET_METADATA_KEY"]
 
 _LAZY = {
     "EngineLaunch": "engine.core.rpc.launch",
     "GrpcCoreClient": "engine.core.rpc.client",
-    "SECRET_METADATA_KEY": "engine.core.rpc.server",
+    "SECRET_METADATA_KEY": "engine.core.rpc.channel",
 }
 
 

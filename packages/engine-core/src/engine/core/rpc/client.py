@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import shutil
 from collections.abc import AsyncIterator, Sequence
@@ -30,19 +31,15 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from engine.core.client.core_client import (
-    EngineCoreClient,
-    EngineDeadError,
-    EngineInfo,
-    StepOutputs,
-)
+from engine.core.client.core_client import EngineCoreClient
 from engine.core.config import EngineConfig
+from engine.core.messages import CollectiveRpcError, EngineDeadError, EngineInfo, StepOutputs
 from engine.core.plugins import PluginManifest
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
+from engine.core.rpc.channel import CHANNEL_OPTIONS, SECRET_METADATA_KEY
 from engine.core.rpc.launch import EngineLaunch, describe_exit, join_process
-from engine.core.rpc.server import CHANNEL_OPTIONS, SECRET_METADATA_KEY
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
@@ -309,14 +306,36 @@ class GrpcCoreClient(EngineCoreClient):
         response = await self._unary("ResetPrefixCache", pb.ResetPrefixCacheRequest())
         return bool(response.ok)
 
-    async def _unary(self, name: str, request: Any) -> Any:
+    async def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                             kwargs: dict[str, Any] | None = None,
+                             timeout: float | None = None) -> list[Any]:
+        try:
+            call = pb.CollectiveRpcCall(method=method, args_json=json.dumps(list(args)),
+                                        kwargs_json=json.dumps(kwargs or {}))
+        except (TypeError, ValueError) as exc:
+            raise CollectiveRpcError(
+                f"collective_rpc {method!r}: arguments must be JSON-serialisable to reach "
+                f"EngineCore's process ({exc})", method=method) from None
+        if timeout is not None:
+            call.timeout_s = timeout
+        # The call waits for the step in progress, then for every rank.
+        deadline = None if timeout is None else timeout + 60.0
+        response = await self._unary("CollectiveRpc", call, timeout=deadline)
+        if response.WhichOneof("kind") == "error":
+            error = response.error
+            raise CollectiveRpcError(error.message, method=method,
+                                     rank=error.rank if error.HasField("rank") else None)
+        results: list[Any] = json.loads(response.results_json)
+        return results
+
+    async def _unary(self, name: str, request: Any, *, timeout: float | None = 60.0) -> Any:
         if self._dead is not None:
             raise self._dead
         if self._stub is None:
             raise RuntimeError("GrpcCoreClient.start() has not been called")
         try:
             return await getattr(self._stub, name)(request, metadata=self._metadata,
-                                                   timeout=60.0)
+                                                   timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             if self._dead is not None:
                 raise self._dead from exc

@@ -19,7 +19,7 @@ import struct
 from collections.abc import Iterable, Sequence
 from typing import cast
 
-from engine.core.client.core_client import EngineInfo, StepOutputs
+from engine.core.messages import EngineInfo, StepOutputs
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.sdk.errors import ValidationError
 from engine.sdk.sampling_params import SamplingParams
@@ -276,12 +276,16 @@ def info_to_proto(info: EngineInfo) -> pb.EngineInfo:
     """``EngineInfo`` as ``GetInfo`` returns it."""
     return pb.EngineInfo(model_name=info.model_name, max_model_len=info.max_model_len,
                          num_kv_blocks=info.num_kv_blocks, block_size=info.block_size,
-                         vocab_size=info.vocab_size)
+                         vocab_size=info.vocab_size,
+                         tensor_parallel_size=info.tensor_parallel_size,
+                         executor_backend=info.executor_backend)
 
 
 def info_from_proto(msg: pb.EngineInfo) -> EngineInfo:
     """The inverse of :func:`info_to_proto`."""
     return EngineInfo(model_name=msg.model_name, max_model_len=msg.max_model_len,
                       num_kv_blocks=msg.num_kv_blocks, block_size=msg.block_size,
-                      vocab_size=msg.vocab_size)
+                      vocab_size=msg.vocab_size,
+                      tensor_parallel_size=msg.tensor_parallel_size or 1,
+                      executor_backend=msg.executor_backend or "uni")
 

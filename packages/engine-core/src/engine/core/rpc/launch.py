@@ -37,8 +37,8 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from engine.core.client.core_client import EngineDeadError
 from engine.core.config import EngineConfig
+from engine.core.messages import EngineDeadError
 from engine.core.plugins import PluginManifest
 from engine.core.plugins._local import check_no_local_classes
 from engine.core.rpc.process import EngineProcessArgs, EngineSettings, run_engine_core_process

@@ -37,13 +37,13 @@ from multiprocessing.connection import Connection
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from engine.core.client.core_client import EngineInfo
 from engine.core.config import EngineConfig
+from engine.core.messages import EngineInfo
 from engine.core.plugins import PluginManifest
 
 if TYPE_CHECKING:
-    from engine.core.engine_core import EngineCore
-    from engine.core.rpc.loop import EngineLoop
+    from engine.core.engine.engine_core import EngineCore
+    from engine.core.engine.loop import EngineLoop
 
 logger = logging.getLogger("engine.core.rpc")
 
@@ -107,17 +107,18 @@ class EngineSettings:
         return cls(manifest_json=data["manifest"], eos_token_id=data["eos_token_id"])
 
 
-def _watch_parent(parent_pid: int, socket_dir: str | None) -> None:
+def watch_parent(parent_pid: int, socket_dir: str | None, *, me: str = "EngineCore",
+                 parent: str = "the front end") -> None:
     """Exit the process soon after the parent dies (nobody is left to shut us down)."""
     while os.getppid() == parent_pid:
         time.sleep(PARENT_POLL_S)
-    logger.error("EngineCore: the front end process %d is gone; exiting", parent_pid)
+    logger.error("%s: %s process %d is gone; exiting", me, parent, parent_pid)
     if socket_dir:
         shutil.rmtree(socket_dir, ignore_errors=True)
-    _exit(1)
+    exit_process(1)
 
 
-def _describe(exc: BaseException) -> str:
+def describe_error(exc: BaseException) -> str:
     """One line for the parent: the error and its chain of causes."""
     parts: list[str] = []
     seen: BaseException | None = exc
@@ -127,7 +128,7 @@ def _describe(exc: BaseException) -> str:
     return " <- caused by ".join(parts)
 
 
-def _send(conn: Connection, **message: object) -> None:
+def send_message(conn: Connection, **message: object) -> None:
     try:
         conn.send_bytes(json.dumps(message).encode())
     except OSError:  # the parent is gone; the watcher ends us
@@ -146,12 +147,12 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [EngineCore] %(name)s: %(message)s")
     parent = multiprocessing.parent_process()  # its pid as recorded at spawn: no race
-    threading.Thread(target=_watch_parent,
+    threading.Thread(target=watch_parent,
                      args=(parent.pid if parent else os.getppid(), args.socket_dir),
                      name="engine-core-parent-watch", daemon=True).start()
     executor = ThreadPoolExecutor(max_workers=8, thread_name_prefix="engine-core-grpc")
     try:
-        from engine.core.rpc.loop import EngineLoop
+        from engine.core.engine.loop import EngineLoop
         from engine.core.rpc.server import make_server
 
         core, info = build_engine_core(args, settings)
@@ -160,12 +161,12 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
                                     executor=executor)
     except BaseException as exc:  # every start-up failure goes to the parent (logged)
         logger.exception("EngineCore failed to start")
-        _send(ready, error=_describe(exc))
+        send_message(ready, error=describe_error(exc))
         ready.close()
         executor.shutdown(wait=False)
-        _exit(1)
+        exit_process(1)
     signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(loop, signum, frame))
-    _send(ready, ready=bound)
+    send_message(ready, ready=bound)
     ready.close()
     logger.info("EngineCore serving on %s", bound)
     exit_code = 0
@@ -180,10 +181,10 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
     except Exception:  # exiting anyway (logged)
         logger.exception("EngineCore shutdown failed")
     logger.info("EngineCore stopped")
-    _exit(exit_code)
+    exit_process(exit_code)
 
 
-def _exit(exit_code: int) -> None:
+def exit_process(exit_code: int) -> None:
     """Run the atexit handlers (multiprocessing finalizers, logging), then end the process.
 
     Skipping the interpreter's own teardown saves 1-2 s with torch loaded, and no
@@ -214,7 +215,7 @@ def build_engine_core(args: EngineProcessArgs, settings: Connection,
         RuntimeError: the front end stopped before it sent its settings.
         ValidationError, OSError, ...: the model or the config cannot be used.
     """
-    from engine.core.engine_core import EngineCore
+    from engine.core.engine.engine_core import EngineCore
     from engine.core.startup import prepare
 
     config = EngineConfig.model_validate_json(args.config_json)

@@ -1,7 +1,7 @@
 """The gRPC side of the EngineCore process: the ``EngineCore`` service and its server.
 
 The servicer never touches the scheduler itself: it hands work to the
-:class:`~engine.core.rpc.loop.EngineLoop` (which runs on the main thread) and streams the
+:class:`~engine.core.engine.loop.EngineLoop` (which runs on the main thread) and streams the
 loop's per-step outputs back. Over TCP, :class:`SecretInterceptor` checks the per-launch
 secret on every call before any handler runs.
 """
@@ -9,6 +9,7 @@ secret on every call before any handler runs.
 from __future__ import annotations
 
 import hmac
+import json
 import logging
 import threading
 from collections.abc import Callable, Iterator
@@ -17,34 +18,19 @@ from typing import Any
 
 import grpc
 
-from engine.core.client.core_client import EngineInfo
+from engine.core.engine.loop import EngineLoop, LoopStoppedError
+from engine.core.messages import CollectiveRpcError, EngineInfo
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
-from engine.core.rpc.loop import END_OF_STREAM, EngineLoop, LoopStoppedError, Subscriber
+from engine.core.rpc.channel import (
+    CALL_TIMEOUT_S,
+    SECRET_METADATA_KEY,
+    SERVER_OPTIONS,
+)
+from engine.core.rpc.stream_sink import END_OF_STREAM, StreamSink
 
 logger = logging.getLogger("engine.core.rpc")
-
-#: Call metadata key carrying the per-launch secret (TCP only).
-SECRET_METADATA_KEY = "x-engine-secret"
-#: Messages may be large (a batch of long prompts); gRPC's default cap is 4 MiB.
-MAX_MESSAGE_BYTES = 512 * 1024 * 1024
-#: Seconds a unary call waits for the loop to run it (it runs between two steps).
-CALL_TIMEOUT_S = 60.0
-
-CHANNEL_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
-    ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
-]
-#: The server accepts the client's 1 s keepalive pings (TCP death detection).
-SERVER_OPTIONS: list[tuple[str, Any]] = [
-    *CHANNEL_OPTIONS,
-    ("grpc.http2.min_ping_interval_without_data_ms", 500),
-    ("grpc.http2.max_ping_strikes", 0),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.so_reuseport", 0),
-]
-
 
 def _deny(request: Any, context: grpc.ServicerContext) -> Any:
     context.abort(grpc.StatusCode.UNAUTHENTICATED,
@@ -94,13 +80,17 @@ class EngineCoreServicer(pb_grpc.EngineCoreServicer):
         if not self._stream_lock.acquire(blocking=False):
             context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                           "another front end is already connected to this EngineCore")
-        subscriber = Subscriber()
+        subscriber = StreamSink()
         try:
             self._loop.attach(subscriber)
         except LoopStoppedError:
             self._stream_lock.release()
             context.abort(grpc.StatusCode.UNAVAILABLE, "EngineCore is stopping")
-        context.add_callback(lambda: self._loop.detach(subscriber))
+
+        def on_end() -> None:
+            subscriber.end()
+            self._loop.detach(subscriber)
+        context.add_callback(on_end)
         reader = threading.Thread(target=self._read, args=(request_iterator, subscriber),
                                   name="engine-core-stream-reader", daemon=True)
         reader.start()
@@ -110,13 +100,11 @@ class EngineCoreServicer(pb_grpc.EngineCoreServicer):
                 if item is END_OF_STREAM:
                     break
                 yield item
-            if self._loop.error is not None:
-                yield pb.ServerMessage(error=pb.EngineError(message=self._loop.error))
         finally:
             self._stream_lock.release()
 
     def _read(self, request_iterator: Iterator[pb.ClientMessage],
-              subscriber: Subscriber) -> None:
+              subscriber: StreamSink) -> None:
         """Turn client messages into loop work (a thread per stream)."""
         loop = self._loop
         try:
@@ -137,7 +125,7 @@ class EngineCoreServicer(pb_grpc.EngineCoreServicer):
         except Exception:
             logger.exception("malformed message on the EngineCore stream")
 
-    def _add(self, subscriber: Subscriber, message: pb.AddRequests) -> None:
+    def _add(self, subscriber: StreamSink, message: pb.AddRequests) -> None:
         requests = []
         for item in message.requests:
             try:
@@ -168,6 +156,34 @@ class EngineCoreServicer(pb_grpc.EngineCoreServicer):
         """``reset_prefix_cache`` on the loop thread."""
         return pb.ResetPrefixCacheResponse(
             ok=self._on_loop(self._loop.core.reset_prefix_cache, context))
+
+    def CollectiveRpc(self, request: pb.CollectiveRpcCall,
+                      context: grpc.ServicerContext) -> pb.CollectiveRpcResults:
+        """``collective_rpc`` on the loop thread, between two steps; failures are answers."""
+        timeout = request.timeout_s if request.HasField("timeout_s") else None
+        try:
+            args = json.loads(request.args_json or "[]")
+            kwargs = json.loads(request.kwargs_json or "{}")
+        except json.JSONDecodeError as exc:
+            return pb.CollectiveRpcResults(error=pb.CollectiveRpcFailure(
+                message=f"collective_rpc {request.method!r}: arguments are not JSON: {exc}"))
+        future = self._loop.call_future(lambda: self._loop.core.collective_rpc(
+            request.method, args, kwargs, timeout))
+        try:
+            results = future.result(None if timeout is None else timeout + CALL_TIMEOUT_S)
+            return pb.CollectiveRpcResults(results_json=json.dumps(results))
+        except CollectiveRpcError as exc:
+            failure = pb.CollectiveRpcFailure(message=str(exc))
+            if exc.rank is not None:
+                failure.rank = exc.rank
+            return pb.CollectiveRpcResults(error=failure)
+        except (TypeError, ValueError) as exc:
+            return pb.CollectiveRpcResults(error=pb.CollectiveRpcFailure(
+                message=f"collective_rpc {request.method!r}: the results are not "
+                        f"JSON-serialisable: {exc}"))
+        except (LoopStoppedError, TimeoutError) as exc:
+            context.abort(grpc.StatusCode.UNAVAILABLE, f"EngineCore is not serving: {exc}")
+            raise  # unreachable: abort raises
 
     def Shutdown(self, request: pb.ShutdownRequest,
                  context: grpc.ServicerContext) -> pb.ShutdownResponse:

@@ -10,6 +10,12 @@ Per step::
 
 The batch holds exactly the requests scheduled this step; requests the scheduler skipped
 this step keep their state in ``self.requests`` and re-enter the batch when scheduled.
+
+Under tensor parallelism every rank runs this with the same scheduler output: each runs
+the model and every ``compute_logits`` call (the layers' collectives need all ranks, in the
+same order), rank 0 alone samples (with the logits processors) and broadcasts the sampled
+ids, so every rank appends the same tokens to its batch; logprobs are computed on rank 0,
+and the other ranks return an empty output.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from engine.core.distributed import SINGLE, TensorParallelGroup, broadcast_from_driver
 from engine.core.sample.logprobs import compute_logprobs, gather_logprobs, to_sample_logprobs
 from engine.core.sample.sampler import Sampler
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
@@ -33,8 +40,10 @@ class ModelRunner:
     def __init__(
         self, *, model: Any, builder: AttentionMetadataBuilder[Any], input_batch: InputBatch,
         block_size: int, device: torch.device, vocab_size: int,
+        tp: TensorParallelGroup = SINGLE,
     ) -> None:
         self.model = model
+        self.tp = tp
         self.builder = builder
         self.input_batch = input_batch
         self.block_size = block_size
@@ -92,12 +101,17 @@ class ModelRunner:
         metadata = self.builder.build(inputs.common)
         hidden = self.model(inputs.input_ids, inputs.positions, metadata)
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        req_ids = batch.req_ids
+        if not self.tp.is_driver:  # follow rank 0's tokens; its output is the step's
+            sampled_ids = torch.empty(len(req_ids), dtype=torch.int64, device=self.device)
+            self._append_tokens(broadcast_from_driver(sampled_ids, self.tp), inputs)
+            self._prompt_logprobs(hidden, inputs, req_ids)
+            return ModelRunnerOutput(req_ids=(), sampled_token_ids=())
         sampling = batch.make_sampling_metadata(inputs.is_partial)
         sampled = self.sampler(logits, sampling)
-        req_ids = batch.req_ids
-        complete = np.flatnonzero(~inputs.is_partial)
-        tokens = sampled.sampled_token_ids.cpu().numpy()
-        batch.append_tokens(complete, tokens[complete])
+        sampled_ids = sampled.sampled_token_ids.to(torch.int64).contiguous()
+        complete, tokens = self._append_tokens(broadcast_from_driver(sampled_ids, self.tp),
+                                               inputs)
         token_rows: list[tuple[int, ...]] = [()] * len(req_ids)
         for row in complete.tolist():
             token_rows[row] = (int(tokens[row]),)
@@ -108,6 +122,14 @@ class ModelRunner:
             req_ids=tuple(req_ids), sampled_token_ids=tuple(token_rows), logprobs=logprobs,
             prompt_logprobs=self._prompt_logprobs(hidden, inputs, req_ids),
         )
+
+    def _append_tokens(self, sampled_ids: torch.Tensor,
+                       inputs: StepInputs) -> tuple[np.ndarray, np.ndarray]:
+        """Append each complete request's token; returns (complete rows, all tokens)."""
+        complete = np.flatnonzero(~inputs.is_partial)
+        tokens = sampled_ids.cpu().numpy()
+        self.input_batch.append_tokens(complete, tokens[complete])
+        return complete, tokens
 
     def _sample_logprobs(self, tensors: Any, req_ids: list[str],
                          is_partial: np.ndarray) -> SampleLogprobs:
@@ -137,7 +159,10 @@ class ModelRunner:
             # Positions start .. end-1 predict prompt tokens start+1 .. end.
             end = min(start + count, num_prompt - 1)
             rows = hidden[first: first + (end - start)]
-            logprobs = compute_logprobs(self.model.compute_logits(rows))
+            logits = self.model.compute_logits(rows)  # on every rank: it gathers
+            if not self.tp.is_driver:
+                continue
+            logprobs = compute_logprobs(logits)
             targets = torch.tensor(state.prompt_token_ids[start + 1: end + 1], device=self.device)
             gathered = gather_logprobs(logprobs, k, targets)
             result[req_id] = to_sample_logprobs(gathered, [k] * (end - start))

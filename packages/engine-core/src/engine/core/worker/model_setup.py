@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.core.config import plugin_options_for
+from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
@@ -134,17 +135,23 @@ def _validated_options(
     return options
 
 
-def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int) -> AttentionSpec:
-    """The attention spec of a Llama-family config (for backend selection before building)."""
+def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int,
+                         tp_size: int = 1) -> AttentionSpec:
+    """One rank's attention spec of a Llama-family config (for backend selection).
+
+    With ``tp_size`` ranks a rank holds ``num_heads / tp_size`` query heads and its share
+    of the KV heads (one replicated head when there are fewer KV heads than ranks).
+    """
     num_heads = hf_config.num_attention_heads
     head_size = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    num_kv_heads = getattr(hf_config, "num_key_value_heads", None) or num_heads
     dtype_name = str(dtype).removeprefix("torch.")
     window = getattr(hf_config, "sliding_window", None)
     if getattr(hf_config, "use_sliding_window", True) is False:
         window = None
     return AttentionSpec(
-        num_heads=num_heads,
-        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        num_heads=num_heads // tp_size,
+        num_kv_heads=head_slice(num_kv_heads, 0, tp_size).size,
         head_size=head_size, dtype=dtype_name, kv_cache_dtype=dtype_name,
         block_size=block_size, sliding_window=window,
     )
@@ -155,15 +162,18 @@ def build_model(
     block_size: int, attention_backend: str | None, weights: Iterable[tuple[str, torch.Tensor]],
     device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
+    tp: TensorParallelGroup = SINGLE,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
     ``plugin_options`` (``--plugin-option``) reach the model class and the attention
-    backend through their ``Options`` models.
+    backend through their ``Options`` models. With ``tp`` of several ranks the model holds
+    rank ``tp.rank``'s shard; ``weights`` are the full checkpoint tensors (the layers'
+    loaders narrow them).
     """
     options = plugin_options or {}
     arch, model_cls = resolve_model_class(catalog, hf_config)
-    spec = probe_attention_spec(hf_config, dtype, block_size)
+    spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
     backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     backend_name = attention_backend or platform.default_attention_backend(spec)
     factory = LayerFactory(
@@ -173,6 +183,7 @@ def build_model(
         op_classes=resolve_custom_ops(catalog), dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
+        tp=tp,
     )
     with torch.device(device):
         model = model_cls(ModelContext(

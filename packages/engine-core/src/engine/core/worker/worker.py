@@ -1,4 +1,14 @@
-"""``Worker``: one device's model, KV cache, persistent batch and sampler."""
+"""``Worker``: one rank's model, KV cache, persistent batch and sampler.
+
+Lifecycle, as the executor drives it (one worker per tensor-parallel rank)::
+
+    w = Worker(setup, eos_token_id=..., rank=r, world_size=n, distributed_init_method=addr)
+        # joins the ranks' process group (n > 1), loads this rank's shard of the model,
+        # and sizes what its KV cache could hold: w.num_available_blocks
+    w.initialize_cache(min(num_available_blocks over the ranks))
+    w.execute_model(scheduler_output)   # every rank, every step; rank 0's output is real
+    w.shutdown()
+"""
 
 from __future__ import annotations
 
@@ -7,9 +17,11 @@ import os
 from typing import Any
 
 import torch
+from torch import nn
 
+from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
-from engine.core.plugin_construction import construct_plugin
+from engine.core.plugin_construction import construct_plugin, logits_processor_classes
 from engine.core.startup import EngineSetup
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
@@ -23,44 +35,100 @@ from engine.sdk.scheduler import ModelRunnerOutput, SchedulerOutput
 logger = logging.getLogger("engine.worker")
 
 
-def logits_processor_classes(setup: EngineSetup) -> dict[str, type[LogitsProcessor]]:
-    """Every installed (allowed) processor plus the ones given by ``module:Class``."""
-    classes: dict[str, type[LogitsProcessor]] = dict(setup.catalog.load_group(LOGITS_PROCESSORS))
-    for path in setup.config.logits_processors:
-        classes[path] = setup.catalog.load(LOGITS_PROCESSORS, path)
-    return classes
-
-
 class Worker:
-    """Loads the model, sizes and allocates the KV cache, and executes steps."""
+    """Loads this rank's model shard, then (``initialize_cache``) its KV cache; runs steps.
 
-    def __init__(self, setup: EngineSetup, *, eos_token_id: int | None) -> None:
+    Args:
+        setup: The resolved engine (``startup.prepare(config, process="worker")``).
+        eos_token_id: The tokenizer's end-of-sequence id (for logits processors).
+        rank: This worker's tensor-parallel rank; rank 0 is the driver.
+        world_size: Number of ranks (``config.tensor_parallel_size``).
+        distributed_init_method: Rendezvous of the ranks, e.g. ``"tcp://127.0.0.1:PORT"``
+            (``None``: ``env://``); unused for one rank.
+
+    Raises:
+        ValueError: ``world_size`` differs from ``config.tensor_parallel_size``, or
+            ``rank`` is not in ``[0, world_size)``.
+    """
+
+    def __init__(self, setup: EngineSetup, *, eos_token_id: int | None, rank: int = 0,
+                 world_size: int = 1, distributed_init_method: str | None = None) -> None:
+        config = setup.config
+        if world_size != config.tensor_parallel_size:
+            raise ValueError(f"worker world_size {world_size} differs from the config's "
+                             f"tensor_parallel_size {config.tensor_parallel_size}")
         self.setup = setup
         self.eos_token_id = eos_token_id
-        self.device = torch.device(setup.platform.device_type)
-        config = setup.config
-        torch.set_num_threads(config.num_threads or len(os.sched_getaffinity(0)))
+        self.rank = rank
+        self.world_size = world_size
+        self.device = self._select_device()
+        self.tp, self._owns_group = init_tensor_parallel(
+            backend=setup.platform.dist_backend, init_method=distributed_init_method,
+            rank=rank, world_size=world_size)
+        cores = len(os.sched_getaffinity(0))
+        torch.set_num_threads(config.num_threads or max(1, cores // world_size))
         torch.manual_seed(config.seed)
         self.built: BuiltModel = build_model(
             catalog=setup.catalog, platform=setup.platform, hf_config=setup.hf_config,
             dtype=setup.dtype, block_size=setup.block_size,
             attention_backend=setup.attention_backend,
-            weights=iter_weights(setup.source, setup.dtype), device=self.device,
-            linear_kernel=config.linear_kernel, disabled_kernels=config.disabled_kernels,
-            plugin_options=config.plugin_options,
+            weights=iter_weights(setup.source, setup.dtype, progress=rank == 0),
+            device=self.device, linear_kernel=config.linear_kernel,
+            disabled_kernels=config.disabled_kernels, plugin_options=config.plugin_options,
+            tp=self.tp,
         )
         layers = self.built.factory.attention_layers
-        block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size, setup.dtype)
-        self.num_blocks = num_blocks_for(
+        self._block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size,
+                                           setup.dtype)
+        self.num_available_blocks = num_blocks_for(
             num_kv_blocks=config.num_kv_blocks, kv_cache_memory=config.kv_cache_memory,
-            block_bytes=block_bytes, block_size=setup.block_size,
+            block_bytes=self._block_bytes, block_size=setup.block_size,
             max_model_len=setup.max_model_len, max_num_seqs=config.max_num_seqs,
         )
-        self.kv_caches = allocate_kv_cache(layers, self.built.backend, self.num_blocks,
+        self.kv_caches: dict[str, torch.Tensor] = {}
+        self.num_blocks = 0  # allocated blocks (null block included), set by initialize_cache
+        self.logits_processors: list[LogitsProcessor] = []
+        self.model_runner: ModelRunner | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        """The loaded model (this rank's shard)."""
+        return self.built.model
+
+    def _select_device(self) -> torch.device:
+        device_type = self.setup.platform.device_type
+        if device_type == "cpu":
+            return torch.device("cpu")
+        index = self.rank % max(1, self.setup.platform.device_count())
+        device = torch.device(device_type, index)
+        if device_type == "cuda":
+            torch.cuda.set_device(device)
+        return device
+
+    def initialize_cache(self, num_blocks: int) -> None:
+        """Allocate the KV cache with ``num_blocks`` blocks (the null block included).
+
+        Called: once, after every rank is loaded, with the smallest
+        ``num_available_blocks`` of the ranks (the same on every rank).
+
+        Raises:
+            ValueError: ``num_blocks`` is more than this rank can hold, or not above 1.
+            RuntimeError: the cache is already allocated.
+        """
+        if self.model_runner is not None:
+            raise RuntimeError("the KV cache is already allocated")
+        if not 1 < num_blocks <= self.num_available_blocks:
+            raise ValueError(f"num_blocks {num_blocks} is not in [2, {self.num_available_blocks}]"
+                             f" (what rank {self.rank} can hold)")
+        setup, config = self.setup, self.setup.config
+        layers = self.built.factory.attention_layers
+        self.kv_caches = allocate_kv_cache(layers, self.built.backend, num_blocks,
                                            setup.block_size, setup.dtype, self.device)
-        logger.info("KV cache: %d blocks of %d tokens (%.2f GiB)", self.num_blocks,
-                    setup.block_size, self.num_blocks * block_bytes / (1 << 30))
-        self.logits_processors = self._make_logits_processors()
+        self.num_blocks = num_blocks
+        logger.info("rank %d KV cache: %d blocks of %d tokens (%.2f GiB)", self.rank,
+                    num_blocks, setup.block_size, num_blocks * self._block_bytes / (1 << 30))
+        if self.tp.is_driver:  # only rank 0 samples
+            self.logits_processors = self._make_logits_processors()
         self.model_runner = ModelRunner(
             model=self.built.model, builder=self._make_builder(), block_size=setup.block_size,
             input_batch=InputBatch(
@@ -69,7 +137,7 @@ class Worker:
                 vocab_size=setup.vocab_size, device=self.device,
                 logits_processors=self.logits_processors,
             ),
-            device=self.device, vocab_size=setup.vocab_size,
+            device=self.device, vocab_size=setup.vocab_size, tp=self.tp,
         )
 
     def _make_builder(self) -> Any:
@@ -98,6 +166,16 @@ class Worker:
         return [build(name, cls) for name, cls in logits_processor_classes(setup).items()]
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
-        """Run one step."""
+        """Run one step (on every rank); the real output on rank 0, an empty one elsewhere.
+
+        Raises:
+            RuntimeError: ``initialize_cache`` has not run.
+        """
+        if self.model_runner is None:
+            raise RuntimeError("execute_model before initialize_cache: no KV cache yet")
         return self.model_runner.execute_model(scheduler_output)
 
+    def shutdown(self) -> None:
+        """Leave the ranks' process group if this worker created it; safe to call twice."""
+        destroy_tensor_parallel(self._owns_group)
+        self._owns_group = False

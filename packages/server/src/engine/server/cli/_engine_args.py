@@ -17,7 +17,7 @@ from engine.core.config import EngineConfig
 from engine.sdk.errors import ValidationError
 
 #: Fields with a hand-written flag (or none): the model is positional for serve/generate.
-_SPECIAL = {"plugin_options", "logits_processors"}
+_SPECIAL = {"plugin_options", "logits_processors", "worker_extensions"}
 
 
 def _base_type(annotation: Any) -> Any:
@@ -56,6 +56,11 @@ def add_engine_args(
         "--logits-processor", dest="logits_processors", action="append", default=None,
         metavar="MODULE:CLASS", help="an extra logits processor (repeatable)")
     group.add_argument(
+        "--worker-extension", dest="worker_extensions", action="append", default=None,
+        metavar="NAME|MODULE:CLASS",
+        help="a worker extension (engine.worker_extensions name or module:Class) whose "
+        "methods collective_rpc reaches on every worker (repeatable, or comma-separated)")
+    group.add_argument(
         "--plugin-option", dest="plugin_options", action="append", default=None,
         metavar="[GROUP:]NAME.KEY=VALUE",
         help="an option for a plugin (repeatable); VALUE is parsed as JSON when it can be; "
@@ -93,5 +98,8 @@ def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineCon
             values[name] = value
     values["plugin_options"] = parse_plugin_options(getattr(args, "plugin_options", None))
     values["logits_processors"] = tuple(getattr(args, "logits_processors", None) or ())
+    values["worker_extensions"] = tuple(
+        name for item in getattr(args, "worker_extensions", None) or ()
+        for name in _comma_list(item))
     values.update(fixed)
     return EngineConfig(**values)

@@ -46,7 +46,7 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """``engine generate``."""
     from engine.core import LLM, SamplingParams
-    from engine.core.client.core_client import EngineDeadError
+    from engine.core.messages import EngineDeadError
     from engine.sdk.errors import EngineSDKError
 
     try:

@@ -41,6 +41,9 @@ def add_parser(commands: Any) -> None:
                         "socket")
     server.add_argument("--graceful-timeout", type=int, default=10,
                         help="seconds requests in flight may take to finish at shutdown")
+    server.add_argument("--enable-dev-endpoints", action="store_true",
+                        help="serve POST /collective_rpc (calls worker-extension methods on "
+                        "every worker; behind --api-key when one is set)")
     server.add_argument("--disable-access-log", action="store_true",
                         help="do not log one line per HTTP request")
     add_engine_args(parser, skip=frozenset({"model"}))
@@ -72,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
     EngineCore's process is spawned as soon as the config is valid, before this process
     imports torch and the server, so both start up in parallel.
     """
-    from engine.core.client.core_client import EngineDeadError
+    from engine.core.messages import EngineDeadError
     from engine.sdk.errors import EngineSDKError
 
     launch: EngineLaunch | None = None
@@ -88,7 +91,8 @@ def run(args: argparse.Namespace) -> int:
         from engine.server.state import ServerArgs
 
         server_args = ServerArgs(served_model_names=tuple(args.served_model_name or ()),
-                                 api_key=args.api_key)
+                                 api_key=args.api_key,
+                                 enable_dev_endpoints=args.enable_dev_endpoints)
         listen = ListenArgs(host=args.host, port=args.port,
                             graceful_timeout=args.graceful_timeout,
                             access_log=not args.disable_access_log)

@@ -2,8 +2,15 @@
 
 A model never instantiates a linear, norm, rotary or attention layer class directly: it
 asks the factory it received in ``ModelContext.layers``. The factory applies the selected
-quantization method, the selected attention backend, and custom-op replacements, so a
-model plugin gets them all for free.
+quantization method, the selected attention backend, custom-op replacements and tensor
+parallelism, so a model plugin gets them all for free.
+
+Tensor parallelism: the model gives whole-model sizes and a parallel style per linear layer
+(``parallel="column"`` for qkv and gate/up, ``"row"`` for o_proj and down_proj, ``"column"``
+with ``kind="lm_head"`` for the LM head); the factory works out this rank's part (see
+``engine.core.distributed.sharding``) and the layer exposes it
+(``Linear.output_partition_sizes``). The embedding is always split by vocabulary rows.
+Attention layers get this rank's head counts, which the model reads off its qkv layer.
 """
 
 from __future__ import annotations
@@ -14,9 +21,17 @@ from typing import Any
 
 import torch
 
+from engine.core.distributed import (
+    SINGLE,
+    Slice,
+    TensorParallelGroup,
+    even_slice,
+    head_slice,
+    vocab_slice,
+)
 from engine.core.model_executor.layers.attention import Attention
 from engine.core.model_executor.layers.embedding import VocabEmbedding
-from engine.core.model_executor.layers.linear import Linear, UnquantizedLinearMethod
+from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
@@ -49,6 +64,7 @@ class LayerFactory:
         dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
         linear_kernel_selector: Chooses the linear kernel of each layer (default: the
             ``torch`` kernel; the engine passes one over every installed kernel).
+        tp: The tensor-parallel group this worker belongs to (default: one rank).
         attention_layers: Filled as attention layers are built: name -> layer.
     """
 
@@ -61,6 +77,7 @@ class LayerFactory:
     dispatch_key: str = "cpu"
     linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] = field(
         default_factory=lambda: default_kernel_selector)
+    tp: TensorParallelGroup = SINGLE
     attention_layers: dict[str, Attention] = field(default_factory=dict)
 
     @property
@@ -68,31 +85,93 @@ class LayerFactory:
         """The dtype as the SDK spells it."""
         return _DTYPE_NAMES[self.dtype]
 
+    @property
+    def tp_rank(self) -> int:
+        """This worker's tensor-parallel rank."""
+        return self.tp.rank
+
+    @property
+    def tp_size(self) -> int:
+        """Number of tensor-parallel ranks."""
+        return self.tp.size
+
     def linear(
         self, prefix: str, input_size: int, output_sizes: Sequence[int], *, bias: bool = False,
-        kind: str = "linear",
+        kind: str = "linear", parallel: str = "replicated", head_size: int | None = None,
     ) -> Linear:
-        """A linear layer; ``output_sizes`` lists fused logical outputs (q, k, v; gate, up)."""
+        """A linear layer; ``output_sizes`` lists fused logical outputs (q, k, v; gate, up).
+
+        Args:
+            prefix: The layer's checkpoint name.
+            input_size: Input features of the whole layer.
+            output_sizes: Output features of each fused logical output, whole model.
+            bias: Whether the layer has a bias.
+            kind: ``"linear"`` or ``"lm_head"``.
+            parallel: ``"replicated"``, ``"column"`` (outputs split; an ``lm_head`` is split
+                by vocabulary rows, padded to ``ceil(vocab / tp)`` per rank, and its logits
+                are gathered on rank 0) or ``"row"`` (inputs split, outputs summed).
+            head_size: For a column-parallel attention projection: split each output by
+                whole heads of this size; an output with fewer heads than ranks (KV heads)
+                gives each rank the one head its query heads use.
+
+        Raises:
+            ValueError: a size does not split across the ranks.
+        """
+        sizes = tuple(output_sizes)
+        shards = self._shards(input_size, sizes, kind, parallel, head_size)
         info = LayerInfo(
-            prefix=prefix, kind=kind, input_size=input_size, output_size=sum(output_sizes),
-            input_size_per_partition=input_size, output_partition_sizes=tuple(output_sizes),
-            params_dtype=self.dtype_name, has_bias=bias,
-            linear_kernel_selector=self.linear_kernel_selector,
+            prefix=prefix, kind=kind, input_size=input_size, output_size=sum(sizes),
+            input_size_per_partition=shards.input_slice.size,
+            output_partition_sizes=tuple(part.size for part in shards.output_slices),
+            params_dtype=self.dtype_name, tp_rank=self.tp_rank, tp_size=self.tp_size,
+            parallel=parallel, has_bias=bias, linear_kernel_selector=self.linear_kernel_selector,
         )
         method = None
         if self.quant_config is not None:
             method = self.quant_config.get_quant_method(info, prefix)
-        return Linear(info, method or UnquantizedLinearMethod())
+        gather = sizes[0] if kind == "lm_head" and parallel == "column" else None
+        return Linear(info, method or UnquantizedLinearMethod(), shards=shards, tp=self.tp,
+                      gather_size=gather)
+
+    def _shards(self, input_size: int, sizes: tuple[int, ...], kind: str, parallel: str,
+                head_size: int | None) -> LinearShards:
+        rank, size = self.tp_rank, self.tp_size
+        if parallel == "row":
+            return LinearShards(sizes, tuple(Slice(0, n) for n in sizes),
+                                even_slice(input_size, rank, size, "input features"))
+        if parallel != "column":
+            return LinearShards.whole(input_size, sizes)
+        if kind == "lm_head":
+            if len(sizes) != 1:
+                raise ValueError(f"an lm_head has one output (the vocabulary), got {sizes}")
+            return LinearShards(sizes, (vocab_slice(sizes[0], rank, size),), Slice(0, input_size))
+        if head_size is None:
+            slices = [even_slice(n, rank, size, "output features") for n in sizes]
+        else:
+            slices = [self._head_features(n, head_size) for n in sizes]
+        return LinearShards(sizes, tuple(slices), Slice(0, input_size))
+
+    def _head_features(self, features: int, head_size: int) -> Slice:
+        """This rank's features of an output made of heads (see ``sharding.head_slice``)."""
+        if features % head_size:
+            raise ValueError(f"{features} output features are not whole heads of {head_size}")
+        heads = head_slice(features // head_size, self.tp_rank, self.tp_size)
+        return Slice(heads.start * head_size, heads.size * head_size)
 
     def embedding(self, prefix: str, vocab_size: int, hidden_size: int) -> VocabEmbedding:
-        """The token embedding table."""
-        return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix)
+        """The token embedding table (split by vocabulary rows across the ranks)."""
+        return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix, self.tp)
 
     def attention(
         self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
         sliding_window: int | None = None,
     ) -> Attention:
-        """An attention layer served by the selected backend."""
+        """An attention layer served by the selected backend.
+
+        ``num_heads`` / ``num_kv_heads`` are this rank's heads (what its qkv layer
+        produces, e.g. ``qkv.output_partition_sizes[0] // head_size``); the KV cache is
+        sized by them.
+        """
         spec = AttentionSpec(
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
             dtype=self.dtype_name, kv_cache_dtype=self.dtype_name, block_size=self.block_size,

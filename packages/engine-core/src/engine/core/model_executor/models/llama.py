@@ -10,7 +10,9 @@ Switches read from the Hugging Face config:
 * ``sliding_window`` (Mistral, when ``use_sliding_window`` is not False).
 
 Layers come from the ``LayerFactory`` in the model context, so quantization, attention
-backends and custom ops apply. q/k/v and gate/up are fused into one matmul each.
+backends, custom ops and tensor parallelism apply. q/k/v and gate/up are fused into one
+matmul each; under tensor parallelism they are column-parallel, o_proj and down_proj
+row-parallel, the embedding and LM head split by vocabulary rows.
 """
 
 from __future__ import annotations
@@ -44,17 +46,21 @@ def _head_dim(config: Any) -> int:
 class LlamaAttention(nn.Module):
     def __init__(self, config: Any, layers: LayerFactory, prefix: str, qkv_bias: bool) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = getattr(config, "num_key_value_heads", None) or self.num_heads
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
         self.head_dim = _head_dim(config)
-        self.q_size = self.num_heads * self.head_dim
-        self.kv_size = self.num_kv_heads * self.head_dim
+        total_q, total_kv = total_heads * self.head_dim, total_kv_heads * self.head_dim
+        # Column-parallel by heads; this rank's sizes come back from the layer.
         self.qkv_proj = layers.linear(
-            f"{prefix}.qkv_proj", config.hidden_size, (self.q_size, self.kv_size, self.kv_size),
-            bias=qkv_bias,
+            f"{prefix}.qkv_proj", config.hidden_size, (total_q, total_kv, total_kv),
+            bias=qkv_bias, parallel="column", head_size=self.head_dim,
         )
-        self.o_proj = layers.linear(f"{prefix}.o_proj", self.q_size, (config.hidden_size,),
-                                    bias=bool(getattr(config, "attention_bias", False)))
+        self.q_size, self.kv_size, _ = self.qkv_proj.output_partition_sizes
+        self.num_heads = self.q_size // self.head_dim
+        self.num_kv_heads = self.kv_size // self.head_dim
+        self.o_proj = layers.linear(f"{prefix}.o_proj", total_q, (config.hidden_size,),
+                                    bias=bool(getattr(config, "attention_bias", False)),
+                                    parallel="row")
         self.rotary_emb = layers.rotary_embedding(
             self.head_dim, self.head_dim, config.max_position_embeddings, rope_parameters(config),
         )
@@ -90,9 +96,9 @@ class LlamaMLP(nn.Module):
         bias = bool(getattr(config, "mlp_bias", False))
         size = config.intermediate_size
         self.gate_up_proj = layers.linear(f"{prefix}.gate_up_proj", config.hidden_size,
-                                          (size, size), bias=bias)
+                                          (size, size), bias=bias, parallel="column")
         self.down_proj = layers.linear(f"{prefix}.down_proj", size, (config.hidden_size,),
-                                       bias=bias)
+                                       bias=bias, parallel="row")
         self.act = layers.silu_and_mul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -146,7 +152,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         # Tied: the head's weight becomes the embedding table once loaded (one tensor), and
         # the head still goes through a linear kernel.
         self.lm_head = layers.linear("lm_head", config.hidden_size, (config.vocab_size,),
-                                     kind="lm_head")
+                                     kind="lm_head", parallel="column")
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
@@ -159,6 +165,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         return hidden
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        # Under tensor parallelism every rank calls this; rank 0 gets the full logits.
         logits: torch.Tensor = self.lm_head(hidden_states)
         return logits.float()
 

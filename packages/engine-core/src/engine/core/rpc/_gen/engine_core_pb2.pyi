@@ -219,18 +219,22 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "num_kv_blocks", "block_size", "vocab_size")
+    __slots__ = ("model_name", "max_model_len", "num_kv_blocks", "block_size", "vocab_size", "tensor_parallel_size", "executor_backend")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     BLOCK_SIZE_FIELD_NUMBER: _ClassVar[int]
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
+    TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EXECUTOR_BACKEND_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     num_kv_blocks: int
     block_size: int
     vocab_size: int
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ...) -> None: ...
+    tensor_parallel_size: int
+    executor_backend: str
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., executor_backend: _Optional[str] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
@@ -253,3 +257,31 @@ class ShutdownRequest(_message.Message):
 class ShutdownResponse(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class CollectiveRpcCall(_message.Message):
+    __slots__ = ("method", "args_json", "kwargs_json", "timeout_s")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    ARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    KWARGS_JSON_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    args_json: str
+    kwargs_json: str
+    timeout_s: float
+    def __init__(self, method: _Optional[str] = ..., args_json: _Optional[str] = ..., kwargs_json: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class CollectiveRpcFailure(_message.Message):
+    __slots__ = ("message", "rank")
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    message: str
+    rank: int
+    def __init__(self, message: _Optional[str] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class CollectiveRpcResults(_message.Message):
+    __slots__ = ("results_json", "error")
+    RESULTS_JSON_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    results_json: str
+    error: CollectiveRpcFailure
+    def __init__(self, results_json: _Optional[str] = ..., error: _Optional[_Union[CollectiveRpcFailure, _Mapping]] = ...) -> None: ...

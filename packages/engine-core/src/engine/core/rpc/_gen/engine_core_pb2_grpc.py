@@ -64,6 +64,11 @@ class EngineCoreStub:
                 request_serializer=engine_dot_v1_dot_engine__core__pb2.ShutdownRequest.SerializeToString,
                 response_deserializer=engine_dot_v1_dot_engine__core__pb2.ShutdownResponse.FromString,
                 _registered_method=True)
+        self.CollectiveRpc = channel.unary_unary(
+                '/engine.v1.EngineCore/CollectiveRpc',
+                request_serializer=engine_dot_v1_dot_engine__core__pb2.CollectiveRpcCall.SerializeToString,
+                response_deserializer=engine_dot_v1_dot_engine__core__pb2.CollectiveRpcResults.FromString,
+                _registered_method=True)
 
 
 class EngineCoreServicer:
@@ -113,6 +118,14 @@ class EngineCoreServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def CollectiveRpc(self, request, context):
+        """Call a worker-extension method on every worker (between two steps); one result per
+        rank, in rank order. A failure on a rank is an answer (`error`), not a gRPC error.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_EngineCoreServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -145,6 +158,11 @@ def add_EngineCoreServicer_to_server(servicer, server):
                     servicer.Shutdown,
                     request_deserializer=engine_dot_v1_dot_engine__core__pb2.ShutdownRequest.FromString,
                     response_serializer=engine_dot_v1_dot_engine__core__pb2.ShutdownResponse.SerializeToString,
+            ),
+            'CollectiveRpc': grpc.unary_unary_rpc_method_handler(
+                    servicer.CollectiveRpc,
+                    request_deserializer=engine_dot_v1_dot_engine__core__pb2.CollectiveRpcCall.FromString,
+                    response_serializer=engine_dot_v1_dot_engine__core__pb2.CollectiveRpcResults.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -309,6 +327,33 @@ class EngineCore:
             '/engine.v1.EngineCore/Shutdown',
             engine_dot_v1_dot_engine__core__pb2.ShutdownRequest.SerializeToString,
             engine_dot_v1_dot_engine__core__pb2.ShutdownResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def CollectiveRpc(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/engine.v1.EngineCore/CollectiveRpc',
+            engine_dot_v1_dot_engine__core__pb2.CollectiveRpcCall.SerializeToString,
+            engine_dot_v1_dot_engine__core__pb2.CollectiveRpcResults.FromString,
             options,
             channel_credentials,
             insecure,

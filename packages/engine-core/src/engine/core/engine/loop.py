@@ -1,44 +1,53 @@
-"""The EngineCore busy loop, fed by gRPC handler threads without blocking it.
+"""EngineCore's one busy loop, driven the same way in-process and over gRPC.
 
 ::
 
-    gRPC threads                       main thread (EngineLoop.run)
-    ------------                       ----------------------------
-    Stream reader  --add/abort/finish-->  inbox (deque + wake event)
-    GetStats, ResetPrefixCache --call-->    |
-                                            v
-                                   drain inbox: run each item (adds, aborts, calls)
-                                   if work: core.step() -> one ServerMessage -> subscriber
-                                   else: sleep on the wake event (no busy spin when idle)
-    Stream writer  <-ServerMessage--  subscriber queue (one per connected stream)
+    callers (gRPC handler threads, or the        loop thread (EngineLoop.run)
+    in-process client's event loop)              ----------------------------
+    --------------------------------
+    add / abort / finish / call  --submit-->  inbox (deque + wake event)
+                                                 |
+                                                 v
+                                 drain the inbox: run each item (adds, aborts, calls)
+                                 if work: core.step() -> StepOutputs -> sink.publish()
+                                 else: sleep on the wake event (no busy spin when idle)
 
 Everything that touches the scheduler runs on the loop thread, between steps, as the
-``SchedulerInterface`` contract requires. Handler threads only append callables to the
-inbox (``deque.append`` is atomic) and set the wake event.
+``SchedulerInterface`` contract requires; callers only append callables to the inbox
+(``deque.append`` is atomic) and set the wake event. The transport plugs in an
+:class:`OutputSink`: the gRPC stream encodes each step into one ``ServerMessage``, the
+in-process client hands it to its asyncio loop.
+
+Failure policy, the same for both transports:
+
+* a request the scheduler refuses (``add_request`` raises) ends at once with
+  ``finish_reason="abort"``; everyone else is served;
+* an exception in a step (the scheduler, the executor, a worker that died) stops the loop:
+  :attr:`EngineLoop.error` describes it, pending calls fail, the sink is closed with it,
+  and the exception propagates out of :meth:`EngineLoop.run`.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-from engine.core.engine_core import EngineCore
-from engine.core.rpc import convert
-from engine.core.rpc._gen import engine_core_pb2 as pb
+from engine.core.messages import StepOutputs
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
 
-logger = logging.getLogger("engine.core.rpc")
+if TYPE_CHECKING:
+    from engine.core.engine.engine_core import EngineCore
+
+logger = logging.getLogger("engine.core")
 
 T = TypeVar("T")
 
-#: Put on a subscriber queue to end its stream.
-END_OF_STREAM = object()
 #: How long the idle loop sleeps before it looks at its stop flag again (the wake event
 #: usually ends the sleep much earlier).
 IDLE_WAIT_S = 1.0
@@ -46,6 +55,26 @@ IDLE_WAIT_S = 1.0
 
 class LoopStoppedError(RuntimeError):
     """The busy loop has stopped: EngineCore no longer serves calls."""
+
+
+class OutputSink(ABC):
+    """Where one front end's step outputs go; also records the requests it added.
+
+    Attributes:
+        request_ids: The requests this front end added that have not finished (aborted
+            when it detaches).
+    """
+
+    def __init__(self) -> None:
+        self.request_ids: set[str] = set()
+
+    @abstractmethod
+    def publish(self, step: StepOutputs) -> None:
+        """Deliver one step's outputs (called on the loop thread; must not block long)."""
+
+    @abstractmethod
+    def close(self, error: str | None) -> None:
+        """The loop stopped; ``error`` says why when it failed (called once)."""
 
 
 class _Call:
@@ -64,19 +93,22 @@ class _Call:
             self.future.set_exception(exc)
 
 
-class Subscriber:
-    """The receiving end of one connected ``Stream``: ServerMessages, then END_OF_STREAM."""
+class _Failure:
+    """An inbox item that stops the loop with ``error`` (e.g. a worker died while idle)."""
 
-    def __init__(self) -> None:
-        self.queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self.request_ids: set[str] = set()
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+    def __call__(self) -> None:
+        raise self.error
 
 
 class EngineLoop:
     """Runs ``EngineCore`` on the calling thread and publishes each step's outputs.
 
     Args:
-        core: The engine core; only the loop thread touches it after construction.
+        core: The engine core; only the loop thread touches it after construction. Its
+            executor reports worker deaths to :meth:`fail`.
     """
 
     def __init__(self, core: EngineCore) -> None:
@@ -85,18 +117,25 @@ class EngineLoop:
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stopped = threading.Event()
-        self._subscriber: Subscriber | None = None
+        self._sink: OutputSink | None = None
         self._pending: list[EngineCoreOutput] = []  # outputs made outside a step
         self.error: str | None = None
+        core.on_failure(self.fail)
 
-    # --- called from gRPC threads ---------------------------------------------------------
+    # --- callable from any thread ---------------------------------------------------------
 
     def submit(self, fn: Callable[[], None]) -> None:
         """Run ``fn`` on the loop thread before the next step (non-blocking)."""
         if self._stopped.is_set():
-            raise LoopStoppedError("EngineCore is stopping")
+            raise LoopStoppedError(self.error or "EngineCore is stopping")
         self._inbox.append(fn)
         self._wake.set()
+
+    def call_future(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the loop thread; its result (or exception) arrives in the future."""
+        item = _Call(fn)
+        self.submit(item)
+        return item.future
 
     def call(self, fn: Callable[[], T], timeout: float | None = None) -> T:
         """Run ``fn`` on the loop thread and wait for its result.
@@ -105,48 +144,45 @@ class EngineLoop:
             LoopStoppedError: the loop stopped before it ran ``fn``.
             TimeoutError: no result within ``timeout`` seconds.
         """
-        item = _Call(fn)
-        self.submit(item)
-        result: T = item.future.result(timeout)
+        result: T = self.call_future(fn).result(timeout)
         return result
 
-    def attach(self, subscriber: Subscriber) -> None:
-        """Make ``subscriber`` the stream that receives step outputs."""
-        self.submit(lambda: setattr(self, "_subscriber", subscriber))
+    def attach(self, sink: OutputSink) -> None:
+        """Make ``sink`` the front end that receives step outputs."""
+        self.submit(lambda: setattr(self, "_sink", sink))
 
-    def detach(self, subscriber: Subscriber) -> None:
-        """The stream of ``subscriber`` ended: abort the requests it added."""
+    def detach(self, sink: OutputSink) -> None:
+        """The front end of ``sink`` went away: abort the requests it added."""
         def run() -> None:
-            if self._subscriber is subscriber:
-                self._subscriber = None
-            if subscriber.request_ids:
+            if self._sink is sink:
+                self._sink = None
+            if sink.request_ids:
                 logger.warning("front end stream closed; aborting its %d request(s)",
-                               len(subscriber.request_ids))
-                self.core.abort_requests(list(subscriber.request_ids))
-                subscriber.request_ids.clear()
-        subscriber.queue.put(END_OF_STREAM)
+                               len(sink.request_ids))
+                self.core.abort_requests(list(sink.request_ids))
+                sink.request_ids.clear()
         try:
             self.submit(run)
         except LoopStoppedError:
             pass
 
-    def add_requests(self, subscriber: Subscriber, requests: Sequence[EngineRequest]) -> None:
-        """Queue requests from ``subscriber``'s stream."""
-        self.submit(lambda: self._add(subscriber, requests))
+    def add_requests(self, sink: OutputSink, requests: Sequence[EngineRequest]) -> None:
+        """Queue requests from the front end of ``sink``."""
+        self.submit(lambda: self._add(sink, requests))
 
-    def abort_requests(self, subscriber: Subscriber, request_ids: Sequence[str]) -> None:
+    def abort_requests(self, sink: OutputSink, request_ids: Sequence[str]) -> None:
         """Queue an abort."""
         def run() -> None:
             self.core.abort_requests(request_ids)
-            subscriber.request_ids.difference_update(request_ids)
+            sink.request_ids.difference_update(request_ids)
         self.submit(run)
 
-    def finish_requests(self, subscriber: Subscriber, request_ids: Sequence[str],
+    def finish_requests(self, sink: OutputSink, request_ids: Sequence[str],
                         status: RequestStatus) -> None:
         """Queue a finish with ``status``."""
         def run() -> None:
             self.core.finish_requests(request_ids, status)
-            subscriber.request_ids.difference_update(request_ids)
+            sink.request_ids.difference_update(request_ids)
         self.submit(run)
 
     def reject(self, request_ids: Iterable[str], reason: str) -> None:
@@ -156,6 +192,13 @@ class EngineLoop:
         self.submit(lambda: self._pending.extend(
             EngineCoreOutput(request_id=i, new_token_ids=(), finish_reason="abort")
             for i in ids))
+
+    def fail(self, error: BaseException) -> None:
+        """Stop the loop with ``error`` as soon as the loop thread is free (any thread)."""
+        try:
+            self.submit(_Failure(error))
+        except LoopStoppedError:
+            pass
 
     def stop(self) -> None:
         """Ask the loop to stop after the current step (callable from any thread)."""
@@ -173,12 +216,12 @@ class EngineLoop:
         """Serve until :meth:`stop`; an exception in a step is published, then re-raised."""
         try:
             while not self._stop.is_set():
-                drained = self._drain()
-                if self.core.has_unfinished_requests() or drained:
+                self._wake.clear()
+                self._drain()
+                if self.core.has_work() or self._pending:
                     self._step()
-                elif not self._pending:
+                else:
                     self._wake.wait(IDLE_WAIT_S)
-                    self._wake.clear()
         except BaseException as exc:
             self.error = f"EngineCore failed: {type(exc).__name__}: {exc}"
             logger.exception("EngineCore busy loop failed")
@@ -187,15 +230,13 @@ class EngineLoop:
             self._stopped.set()
             self._close()
 
-    def _drain(self) -> bool:
-        drained = False
+    def _drain(self) -> None:
         while True:
             try:
                 item = self._inbox.popleft()
             except IndexError:
-                return drained
+                return
             item()
-            drained = True
 
     def _step(self) -> None:
         outputs = self.core.step()
@@ -204,19 +245,16 @@ class EngineLoop:
             self._pending.clear()
         if not outputs:
             return
-        subscriber = self._subscriber
-        if subscriber is None:
+        sink = self._sink
+        if sink is None:
             logger.debug("dropping %d output(s): no front end connected", len(outputs))
             return
         for output in outputs:
             if output.finish_reason is not None:
-                subscriber.request_ids.discard(output.request_id)
-        # Encoded here rather than on the stream's thread: that thread would have to win the
-        # GIL from this one mid-step, which costs more than the encoding (~0.2 ms / 64 reqs).
-        subscriber.queue.put(pb.ServerMessage(step=convert.step_outputs_to_proto(
-            outputs, self.core.make_stats(), time.time())))
+                sink.request_ids.discard(output.request_id)
+        sink.publish(StepOutputs(outputs, self.core.make_stats(), time.time()))
 
-    def _add(self, subscriber: Subscriber, requests: Sequence[EngineRequest]) -> None:
+    def _add(self, sink: OutputSink, requests: Sequence[EngineRequest]) -> None:
         for request in requests:
             try:
                 self.core.add_request(request)
@@ -225,16 +263,16 @@ class EngineLoop:
                 self._pending.append(EngineCoreOutput(
                     request_id=request.request_id, new_token_ids=(), finish_reason="abort"))
             else:
-                subscriber.request_ids.add(request.request_id)
+                sink.request_ids.add(request.request_id)
 
     def _close(self) -> None:
-        """Fail calls still queued and end the connected stream."""
+        """Fail calls still queued and close the connected sink."""
         while True:
             try:
                 item = self._inbox.popleft()
             except IndexError:
                 break
             if isinstance(item, _Call):
-                item.future.set_exception(LoopStoppedError("EngineCore stopped"))
-        if self._subscriber is not None:
-            self._subscriber.queue.put(END_OF_STREAM)
+                item.future.set_exception(LoopStoppedError(self.error or "EngineCore stopped"))
+        if self._sink is not None:
+            self._sink.close(self.error)

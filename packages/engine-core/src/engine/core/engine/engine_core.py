@@ -1,0 +1,133 @@
+"""``EngineCore``: the busy loop's body: schedule -> execute -> update_from_output.
+
+EngineCore owns the scheduler (with its policy and the KV-cache manager) and the
+:class:`~engine.core.executor.Executor` that runs the workers (in this process, in worker
+processes, or as Ray actors). It exchanges only SDK data contracts with both, so where the
+workers run changes nothing here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from engine.core.engine.scheduler_factory import make_scheduler
+from engine.core.executor import Executor, make_executor
+from engine.core.messages import EngineInfo
+from engine.core.startup import EngineSetup
+from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
+from engine.sdk.stats import SchedulerStats
+
+logger = logging.getLogger("engine.core")
+
+
+class EngineCore:
+    """Scheduler + executor; one ``step()`` is one forward pass.
+
+    Args:
+        setup: The resolved engine setup.
+        eos_token_id: The id that ends generation (for the workers' samplers).
+        executor: The executor to use (default: the one ``--distributed-executor-backend``
+            selects, started here).
+    """
+
+    def __init__(self, setup: EngineSetup, *, eos_token_id: int | None,
+                 executor: Executor | None = None) -> None:
+        self.setup = setup
+        self.executor = executor or make_executor(setup, eos_token_id=eos_token_id)
+        try:
+            # Every rank's cache has one more block than the scheduler hands out: block 0
+            # is the null block.
+            self.num_blocks = self.executor.num_blocks - 1
+            self.scheduler = make_scheduler(setup, self.num_blocks)
+        except BaseException:
+            self.executor.shutdown()
+            raise
+
+    @property
+    def worker(self) -> Any:
+        """The worker of the ``uni`` executor (tests and debuggers reach the model here).
+
+        Raises:
+            AttributeError: the workers run in other processes.
+        """
+        worker = getattr(self.executor, "worker", None)
+        if worker is None:
+            raise AttributeError(
+                f"EngineCore.worker exists only with the uni executor; this engine runs "
+                f"its workers with {self.setup.config.executor_backend!r} (use "
+                f"collective_rpc to reach them)")
+        return worker
+
+    def add_request(self, request: EngineRequest) -> None:
+        """Queue a request (validated and tokenized by the front end)."""
+        self.scheduler.add_request(request)
+
+    def add_requests(self, requests: Iterable[EngineRequest]) -> None:
+        """Queue several requests."""
+        for request in requests:
+            self.scheduler.add_request(request)
+
+    def abort_requests(self, request_ids: Iterable[str]) -> None:
+        """End requests now; their blocks are freed."""
+        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+
+    def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
+        """End requests with ``status`` (e.g. a stop string found by the front end)."""
+        self.scheduler.finish_requests(list(request_ids), status)
+
+    def has_unfinished_requests(self) -> bool:
+        """True while some request waits or runs."""
+        return self.scheduler.has_unfinished_requests()
+
+    def has_work(self) -> bool:
+        """True while a step has work: requests to run, or finished ones to report."""
+        return (self.scheduler.has_unfinished_requests()
+                or self.scheduler.has_finished_requests())
+
+    def step(self) -> list[EngineCoreOutput]:
+        """Schedule, execute and update once; returns the step's per-request outputs."""
+        if not self.has_work():
+            return []
+        scheduler_output = self.scheduler.schedule()
+        runner_output = self.executor.execute_model(scheduler_output)
+        return self.scheduler.update_from_output(scheduler_output, runner_output)
+
+    def collective_rpc(self, method: str, args: Sequence[Any] = (),
+                       kwargs: dict[str, Any] | None = None,
+                       timeout: float | None = None) -> list[Any]:
+        """Call a worker-extension method on every worker; one result per rank, in order.
+
+        Raises:
+            CollectiveRpcError: unknown method, an exception on a rank, or the timeout.
+        """
+        return self.executor.collective_rpc(method, args, kwargs, timeout)
+
+    def on_failure(self, callback: Callable[[BaseException], None]) -> None:
+        """Call ``callback`` (from any thread) when a worker dies between or during steps."""
+        self.executor.register_failure_callback(callback)
+
+    def info(self) -> EngineInfo:
+        """What a front end learns once this EngineCore is up."""
+        setup = self.setup
+        return EngineInfo(model_name=setup.source.display_name,
+                          max_model_len=setup.max_model_len, num_kv_blocks=self.num_blocks,
+                          block_size=setup.block_size, vocab_size=setup.vocab_size,
+                          tensor_parallel_size=setup.config.tensor_parallel_size,
+                          executor_backend=setup.config.executor_backend)
+
+    def make_stats(self) -> SchedulerStats:
+        """The scheduler's current stats."""
+        return self.scheduler.make_stats()
+
+    def reset_prefix_cache(self) -> bool:
+        """Drop cached blocks not in use."""
+        return self.scheduler.reset_prefix_cache()
+
+    def shutdown(self) -> None:
+        """Stop the scheduler and the workers (idempotent)."""
+        try:
+            self.scheduler.shutdown()
+        finally:
+            self.executor.shutdown()

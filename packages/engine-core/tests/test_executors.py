@@ -1,0 +1,199 @@
+"""Executors: ``mp`` and ``ray`` give ``uni``'s tokens, TP=2 gives TP=1's, workers die loudly.
+
+Every engine here runs EngineCore in the test process (``in_process=True``) so the
+scheduler's block pool can be checked after each scenario; the ``mp`` and ``ray`` workers
+are real processes / actors.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.core import LLM, SamplingParams
+from engine.core.messages import CollectiveRpcError, EngineDeadError
+
+PROMPTS = ["Hello there", "The quick brown fox jumps over the lazy dog and keeps running",
+           "1 2 3 4", "Hello there, how are you today? I am fine"]
+GREEDY = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True, logprobs=3)
+
+
+def make_llm(path: Path, **kwargs: Any) -> LLM:
+    options: dict[str, Any] = {"dtype": "float32", "plugins": "none", "num_kv_blocks": 64,
+                               "in_process": True}
+    options.update(kwargs)
+    return LLM(str(path), **options)
+
+
+def run(llm: LLM, params: SamplingParams = GREEDY) -> tuple[list[list[int]], list[Any]]:
+    outputs = llm.generate(PROMPTS, params, use_tqdm=False)
+    tokens = [list(o.outputs[0].token_ids) for o in outputs]
+    logprobs = [o.outputs[0].logprobs for o in outputs]
+    return tokens, logprobs
+
+
+def assert_pool_full(llm: LLM) -> None:
+    stats = llm.llm_engine.core.make_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks, stats
+
+
+def assert_logprobs_close(a: list[Any], b: list[Any], tol: float = 1e-4) -> None:
+    for rows_a, rows_b in zip(a, b, strict=True):
+        for pos_a, pos_b in zip(rows_a, rows_b, strict=True):
+            assert pos_a.keys() == pos_b.keys()
+            for token, entry in pos_a.items():
+                assert abs(entry.logprob - pos_b[token].logprob) < tol, (token, entry, pos_b)
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_llama: Path) -> tuple[list[list[int]], list[Any]]:
+    """TP=1 on the uni executor."""
+    with make_llm(tiny_llama) as llm:
+        assert llm.llm_engine.core.executor.backend == "uni"
+        return run(llm)
+
+
+@pytest.fixture(scope="module")
+def plugins_path(test_plugins_dir: Path) -> Iterator[Path]:
+    sys.path.insert(0, str(test_plugins_dir))
+    yield test_plugins_dir
+    sys.path.remove(str(test_plugins_dir))
+
+
+@pytest.fixture(scope="module")
+def tp2(tiny_llama: Path, plugins_path: Path) -> Iterator[LLM]:
+    """TP=2 over worker processes, with the test worker extension selected."""
+    llm = make_llm(tiny_llama, tensor_parallel_size=2, plugins="engine-test-plugin-workers",
+                   worker_extensions=["test_inspect"])
+    yield llm
+    llm.shutdown()
+
+
+def test_mp_with_one_rank_gives_uni_tokens(tiny_llama: Path, reference: Any) -> None:
+    with make_llm(tiny_llama, distributed_executor_backend="mp") as llm:
+        assert llm.llm_engine.core.executor.backend == "mp"
+        tokens, logprobs = run(llm)
+        assert_pool_full(llm)
+    assert tokens == reference[0]
+    assert_logprobs_close(logprobs, reference[1])
+
+
+def test_tp2_gives_tp1_tokens_and_logprobs(tp2: LLM, reference: Any) -> None:
+    assert tp2.llm_engine.core.executor.backend == "mp"
+    tokens, logprobs = run(tp2)
+    assert tokens == reference[0]
+    assert_logprobs_close(logprobs, reference[1])
+    assert_pool_full(tp2)
+
+
+def test_tp2_reaches_the_extension_on_every_rank(tp2: LLM, tiny_llama: Path) -> None:
+    infos = tp2.collective_rpc("worker_info")
+    assert [info["rank"] for info in infos] == [0, 1]
+    assert all(info["world_size"] == 2 for info in infos)
+    # Each rank holds half of the 2 KV heads and of the q/k/v rows: 4 heads x 16 -> 2 x 16.
+    assert [info["kv_cache_shape"] for info in infos] == [infos[0]["kv_cache_shape"]] * 2
+    shapes = tp2.collective_rpc("param_shape", args=("layers.0.self_attn.qkv_proj.weight",))
+    assert shapes == [[64, 64], [64, 64]]  # (64 + 32 + 32) / 2 rows each, 64 columns
+
+
+def test_extension_error_names_rank_and_distribution_and_workers_keep_serving(
+        tp2: LLM, reference: Any) -> None:
+    with pytest.raises(CollectiveRpcError) as info:
+        tp2.collective_rpc("fail", args=("boom",))
+    message = str(info.value)
+    assert "rank 0" in message and "test_inspect" in message and "boom" in message
+    assert "engine-test-plugin-workers" in message
+    with pytest.raises(CollectiveRpcError, match="no worker extension defines 'nope'.*"
+                                                 "worker_info"):
+        tp2.collective_rpc("nope")
+    calls = [info["calls"] for info in tp2.collective_rpc("worker_info")]
+    assert calls[0] == calls[1] and calls[0] >= 1  # same worker objects, still serving
+    assert run(tp2)[0] == reference[0]
+
+
+def test_tp2_with_prefix_caching_chunked_prefill_and_preemption(tiny_llama: Path) -> None:
+    shared = "The quick brown fox jumps "  # the tiny tokenizer has one token per character
+    prompts = [shared + tail for tail in ("and runs", "sleeps", "quietly", "again")]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    options: dict[str, Any] = {"num_kv_blocks": 20, "block_size": 4,
+                               "max_num_batched_tokens": 16, "max_model_len": 64}
+    results = []
+    for tp in (1, 2):
+        with make_llm(tiny_llama, tensor_parallel_size=tp, **options) as llm:
+            core = llm.llm_engine.core
+            results.append([list(o.outputs[0].token_ids)
+                            for o in llm.generate(prompts, params, use_tqdm=False)])
+            stats = core.make_stats()  # counts since the engine started
+            assert stats.num_preempted_reqs > 0, "the scenario must preempt"
+            assert stats.prefix_cache.hits > 0, "the scenario must hit the prefix cache"
+            assert stats.num_free_blocks == stats.num_total_blocks
+    assert results[0] == results[1]
+
+
+def test_tp2_on_qwen2(tiny_qwen2: Path) -> None:
+    tokens = []
+    for tp in (1, 2):
+        with make_llm(tiny_qwen2, tensor_parallel_size=tp) as llm:
+            tokens.append(run(llm))
+    assert tokens[0][0] == tokens[1][0]
+    assert_logprobs_close(tokens[0][1], tokens[1][1])
+
+
+def test_clashing_extensions_are_refused(tiny_llama: Path, plugins_path: Path) -> None:
+    options = {"plugins": "engine-test-plugin-workers"}
+    with pytest.raises(Exception, match="'execute_model' clashes with the worker"):
+        make_llm(tiny_llama, worker_extensions=["test_clash_worker"], **options)
+    with pytest.raises(Exception, match="'worker_info' is also defined by worker extension "
+                                        "'test_inspect'"):
+        make_llm(tiny_llama, worker_extensions=["test_inspect", "test_clash_inspect"],
+                 **options)
+
+
+def test_killed_worker_fails_the_caller_naming_the_rank(tiny_llama: Path) -> None:
+    llm = make_llm(tiny_llama, tensor_parallel_size=2)
+    try:
+        executor = llm.llm_engine.core.executor
+        pids = [p.pid for p in executor.processes]
+        engine = llm.llm_engine
+        engine.add_request("r", PROMPTS[1], SamplingParams(max_tokens=150, ignore_eos=True))
+        engine.step()
+        os.kill(pids[1], signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(EngineDeadError, match=r"worker rank 1 \(pid \d+\) died: killed by "
+                                                  r"SIGKILL"):
+            while True:
+                engine.step()
+        assert time.monotonic() - killed < 1.0
+    finally:
+        llm.shutdown()
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+
+
+def test_tp_that_cannot_split_the_heads_is_refused_before_loading(tiny_llama: Path) -> None:
+    with pytest.raises(Exception, match="tensor_parallel_size 3"):
+        make_llm(tiny_llama, tensor_parallel_size=3)
+
+
+def test_uni_with_more_ranks_is_refused(tiny_llama: Path) -> None:
+    with pytest.raises(Exception, match="'uni' runs one worker"):
+        make_llm(tiny_llama, tensor_parallel_size=2, distributed_executor_backend="uni")
+
+
+def test_ray_tp2_gives_tp1_tokens(tiny_llama: Path, reference: Any) -> None:
+    pytest.importorskip("ray", reason="Ray is not installed: pip install 'engine-core[ray]'")
+    with make_llm(tiny_llama, tensor_parallel_size=2,
+                  distributed_executor_backend="ray") as llm:
+        assert llm.llm_engine.core.executor.backend == "ray"
+        tokens, logprobs = run(llm)
+        assert_pool_full(llm)
+    assert tokens == reference[0]
+    assert_logprobs_close(logprobs, reference[1])
