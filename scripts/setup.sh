@@ -10,7 +10,7 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet "torch>=2.6,<2.14"
 .venv/bin/python -m pip install --quiet \
   -e packages/plugin-sdk \
-  -e packages/engine-core \
+  -e "packages/engine-core[ray]" \
   -e packages/engine-kernels \
   -e packages/server \
   -e "packages/testing-fixtures[test]" \

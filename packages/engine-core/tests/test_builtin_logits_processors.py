@@ -14,13 +14,13 @@ from importlib.metadata import entry_points
 import numpy as np
 import torch
 
-from engine.core.sample import Sampler
-from engine.core.sample.logits_processors import (
+from engine.core.logits_processors import (
     BUILTIN_LOGITS_PROCESSORS,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
+from engine.core.sample import Sampler
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessorContext

@@ -197,3 +197,29 @@ def test_ray_tp2_gives_tp1_tokens(tiny_llama: Path, reference: Any) -> None:
         assert_pool_full(llm)
     assert tokens == reference[0]
     assert_logprobs_close(logprobs, reference[1])
+
+
+def test_worker_whose_plugins_differ_stops_start_up_with_the_difference(
+        tiny_llama: Path, tmp_path: Path) -> None:
+    """The front end sees a plugin distribution that the worker process does not."""
+    from engine.core.config import EngineConfig
+    from engine.core.executor.mp import MultiprocExecutor
+    from engine.core.startup import prepare
+    from engine.testing.test_plugins import install_test_plugins
+
+    target = install_test_plugins(tmp_path / "plugins", ("workers",))
+    config = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64,
+                          distributed_executor_backend="mp")
+    sys.path.insert(0, str(target))
+    try:
+        setup = prepare(config)  # the front end's manifest names engine-test-plugin-workers
+    finally:
+        sys.path.remove(str(target))
+    assert any(e.distribution == "engine-test-plugin-workers" for e in setup.manifest.entries)
+    with pytest.raises(RuntimeError) as info:
+        MultiprocExecutor(setup, eos_token_id=None)  # the worker is spawned without it
+    message = str(info.value)
+    assert message.startswith("worker rank 0 failed to start: PluginError: ")
+    assert "the worker rank 0 process does not have the same plugins as the front end" in message
+    assert ("engine.worker_extensions:test_inspect from engine-test-plugin-workers 0.1.0 is "
+            "not installed here") in message

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.core.sample.logits_processors import BUILTIN_LOGITS_PROCESSORS
+from engine.core.logits_processors import BUILTIN_LOGITS_PROCESSORS
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
 from engine.sdk.logits_processor import (
     BatchUpdate,

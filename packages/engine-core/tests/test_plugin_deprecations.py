@@ -69,7 +69,7 @@ def test_plugins_check_reports_sdk_range_and_deprecated_use(
 
 
 def test_plugins_check_advises_a_distribution_without_an_sdk_requirement() -> None:
-    entry = PluginEntry(LOGITS_PROCESSORS, "x", "engine.core.sample.logits_processors:"
+    entry = PluginEntry(LOGITS_PROCESSORS, "x", "engine.core.logits_processors:"
                         "MinPLogitsProcessor", "pytest", "8.0")
     _, compat = load_and_check(entry, load_entry)
     assert compat.requirement is None

@@ -20,13 +20,13 @@ from engine.core.sample import (
     gather_logprobs,
     to_sample_logprobs,
 )
-from engine.core.sample.logits_processors import (
+from engine.core.logits_processors import (
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
+    apply_min_p,
 )
 from engine.core.sample.topk_topp import (
-    apply_min_p,
     apply_top_k_only,
     apply_top_k_top_p,
     top_k_top_p_candidates,

@@ -20,6 +20,7 @@ from engine.core.model_loader import ModelSource, load_config, resolve_model
 from engine.core.platforms import select_platform
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
 from engine.sdk.errors import ValidationError
+from engine.sdk.groups import WORKER_EXTENSIONS
 from engine.sdk.platform import Platform, PlatformConfig
 
 logger = logging.getLogger("engine")
@@ -41,6 +42,8 @@ class EngineSetup:
     max_model_len: int
     attention_backend: str | None
     block_size: int
+    #: ``--worker-extension`` names, then those the platform added.
+    worker_extensions: tuple[str, ...] = ()
 
     @property
     def vocab_size(self) -> int:
@@ -125,8 +128,11 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     if not available.ok:
         raise ValidationError(f"platform {platform.name} is not available: {available.reason}")
     platform_config = PlatformConfig(dtype=config.dtype, block_size=config.block_size,
+                                     worker_extensions=list(config.worker_extensions),
                                      attention_backend=config.attention_backend)
     platform.check_and_update_config(platform_config)
+    for name in platform_config.worker_extensions:  # unknown names fail before any load
+        catalog.resolve(WORKER_EXTENSIONS, name)
     source = resolve_model(config.model)
     hf_config = load_config(source)
     check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
@@ -137,6 +143,7 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         max_model_len=resolve_max_model_len(config.max_model_len, hf_config),
         attention_backend=platform_config.attention_backend,
         block_size=platform_config.block_size or config.block_size,
+        worker_extensions=tuple(dict.fromkeys(platform_config.worker_extensions)),
     )
     logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d", process,
                 source.display_name, source.kind, platform.name,

@@ -60,6 +60,7 @@ class Executor(ABC):
         self._failure_callbacks: list[FailureCallback] = []
         self._failure: BaseException | None = None
         self._failure_lock = threading.Lock()
+        self._failed = threading.Event()
 
     @abstractmethod
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
@@ -106,6 +107,7 @@ class Executor(ABC):
             if self._failure is not None:
                 return
             self._failure = error
+            self._failed.set()
             callbacks = list(self._failure_callbacks)
         logger.error("%s", error)
         for callback in callbacks:
@@ -117,6 +119,11 @@ class Executor(ABC):
     @property
     def failure(self) -> BaseException | None:
         """The first worker failure, or None."""
+        return self._failure
+
+    def wait_for_failure(self, timeout: float) -> BaseException | None:
+        """The first worker failure, waiting up to ``timeout`` s for one to be reported."""
+        self._failed.wait(timeout)
         return self._failure
 
 

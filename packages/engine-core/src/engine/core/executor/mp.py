@@ -49,6 +49,8 @@ STARTUP_TIMEOUT_S = float(os.environ.get("ENGINE_WORKER_STARTUP_TIMEOUT", "600")
 STOP_TIMEOUT_S = 2.0
 #: How often a step waiting on the workers looks whether one died.
 DEATH_POLL_S = 0.05
+#: How long a broken channel waits for the monitor to report the process's exit.
+DEATH_REPORT_S = 2.0
 
 
 def free_port() -> int:
@@ -176,11 +178,10 @@ class MultiprocExecutor(Executor):
                                f"{describe_exit(process.exitcode)}", rank=rank)
 
     def check_health(self) -> None:
+        # The monitor thread sees every exit at once (and alone reaps the processes: a
+        # second waitpid from another thread would race it).
         if self.failure is not None:
             raise self.failure
-        for rank, process in enumerate(self.processes):
-            if not process.is_alive():
-                raise self._died(rank)
 
     # -- steps ---------------------------------------------------------------------------
 
@@ -199,12 +200,12 @@ class MultiprocExecutor(Executor):
             except (concurrent.futures.TimeoutError, TimeoutError):
                 continue
             except WorkerUnavailableError:
-                if self.failure is None:
-                    self.processes[rank].join(1)
-                    if not self.processes[rank].is_alive():
-                        self._report_failure(self._died(rank))
-                raise self.failure or WorkerDiedError(
-                    f"worker rank {rank} stopped answering", rank=rank) from None
+                # The channel broke: the monitor, which alone reaps the processes, reports
+                # a death within milliseconds.
+                failure = self.wait_for_failure(DEATH_REPORT_S)
+                raise failure or WorkerDiedError(
+                    f"worker rank {rank} (pid {self.processes[rank].pid}) stopped answering "
+                    f"but is still running", rank=rank) from None
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         from engine.core.rpc.worker_client import encode_scheduler_output

@@ -24,5 +24,13 @@ SERVER_OPTIONS: list[tuple[str, Any]] = [
     ("grpc.so_reuseport", 0),
 ]
 
+#: Client keepalive over TCP: a silent peer is declared gone after about two seconds.
+TCP_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
+    ("grpc.keepalive_time_ms", 1000),
+    ("grpc.keepalive_timeout_ms", 1000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+]
+
 __all__ = ["CALL_TIMEOUT_S", "CHANNEL_OPTIONS", "MAX_MESSAGE_BYTES", "SECRET_METADATA_KEY",
-           "SERVER_OPTIONS"]
+           "SERVER_OPTIONS", "TCP_KEEPALIVE_OPTIONS"]

@@ -38,7 +38,7 @@ from engine.core.plugins import PluginManifest
 from engine.core.rpc import convert
 from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
-from engine.core.rpc.channel import CHANNEL_OPTIONS, SECRET_METADATA_KEY
+from engine.core.rpc.channel import CHANNEL_OPTIONS, SECRET_METADATA_KEY, TCP_KEEPALIVE_OPTIONS
 from engine.core.rpc.launch import EngineLaunch, describe_exit, join_process
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import EngineRequest, RequestStatus
@@ -46,13 +46,6 @@ from engine.sdk.stats import SchedulerStats
 
 logger = logging.getLogger("engine.core.rpc")
 
-#: Client keepalive over TCP: a silent peer is declared gone after about two seconds.
-TCP_KEEPALIVE_OPTIONS: list[tuple[str, Any]] = [
-    ("grpc.keepalive_time_ms", 1000),
-    ("grpc.keepalive_timeout_ms", 1000),
-    ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.http2.max_pings_without_data", 0),
-]
 _END = object()  # ends outputs() after an orderly shutdown
 
 

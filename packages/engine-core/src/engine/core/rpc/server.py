@@ -32,17 +32,22 @@ from engine.core.rpc.stream_sink import END_OF_STREAM, StreamSink
 
 logger = logging.getLogger("engine.core.rpc")
 
-def _deny(request: Any, context: grpc.ServicerContext) -> Any:
-    context.abort(grpc.StatusCode.UNAUTHENTICATED,
-                  f"missing or wrong {SECRET_METADATA_KEY} metadata: this EngineCore only "
-                  f"serves the front end that launched it")
-
-
 class SecretInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Refuses every call whose ``x-engine-secret`` metadata is not the launch secret."""
+    """Refuses every call whose ``x-engine-secret`` metadata is not the launch secret.
 
-    def __init__(self, secret: str) -> None:
+    Args:
+        secret: The per-launch secret.
+        refusal: How the refusal describes this server and whom it serves.
+    """
+
+    def __init__(self, secret: str, *, refusal: str = "this EngineCore only serves the "
+                 "front end that launched it") -> None:
         self._secret = secret.encode()
+        message = f"missing or wrong {SECRET_METADATA_KEY} metadata: {refusal}"
+
+        def deny(request: Any, context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
+        self._deny = deny
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
@@ -53,12 +58,12 @@ class SecretInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
             return handler
         # Answer with a handler of the same shape, so a stream is refused at once.
         if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(_deny)
+            return grpc.stream_stream_rpc_method_handler(self._deny)
         if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(_deny)
+            return grpc.stream_unary_rpc_method_handler(self._deny)
         if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(_deny)
-        return grpc.unary_unary_rpc_method_handler(_deny)
+            return grpc.unary_stream_rpc_method_handler(self._deny)
+        return grpc.unary_unary_rpc_method_handler(self._deny)
 
 
 class EngineCoreServicer(pb_grpc.EngineCoreServicer):

@@ -30,8 +30,7 @@ import grpc
 from engine.core.rpc._gen import engine_core_pb2 as core_pb
 from engine.core.rpc._gen import worker_pb2 as pb
 from engine.core.rpc._gen import worker_pb2_grpc as pb_grpc
-from engine.core.rpc.channel import SECRET_METADATA_KEY
-from engine.core.rpc.client import TCP_KEEPALIVE_OPTIONS
+from engine.core.rpc.channel import SECRET_METADATA_KEY, TCP_KEEPALIVE_OPTIONS
 from engine.core.rpc.worker_convert import (
     WorkerCallError,
     WorkerRpcError,

@@ -203,8 +203,9 @@ def make_worker_server(worker: WorkerProtocol, address: str, *, secret: str | No
     is_unix = address.startswith("unix:")
     if not is_unix and not secret:
         raise ValueError("a worker served over TCP needs a per-launch secret")
+    refusal = "this worker only serves the EngineCore that launched it"
     server = grpc.server(
-        executor, interceptors=[SecretInterceptor(secret)] if secret else [],
+        executor, interceptors=[SecretInterceptor(secret, refusal=refusal)] if secret else [],
         options=WORKER_SERVER_OPTIONS,
     )
     pb_grpc.add_WorkerServicer_to_server(  # type: ignore[no-untyped-call]

@@ -1,12 +1,12 @@
 """Sampling: the sampler, its per-step metadata, and the built-in logits processors."""
 
-from engine.core.sample.batch_params import BatchSamplingParams, TokenBuffers
-from engine.core.sample.logits_processors import (
+from engine.core.logits_processors import (
     BUILTIN_LOGITS_PROCESSORS,
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
     MinTokensLogitsProcessor,
 )
+from engine.core.sample.batch_params import BatchSamplingParams, TokenBuffers
 from engine.core.sample.logprobs import (
     LogprobsTensors,
     compute_logprobs,

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from engine.core.sample.logits_processors import MinPLogitsProcessor
+from engine.core.logits_processors import MinPLogitsProcessor
 from engine.core.sample.metadata import PenaltyMetadata, SamplingMetadata
 from engine.sdk.logits_processor import LogitsProcessor
 from engine.sdk.sampling_params import SamplingParams

@@ -30,11 +30,11 @@ from dataclasses import dataclass
 
 import torch
 
+from engine.core.logits_processors import apply_min_p
 from engine.core.sample.logprobs import LogprobsTensors, compute_logprobs, gather_logprobs
 from engine.core.sample.metadata import SamplingMetadata
 from engine.core.sample.penalties import apply_penalties
 from engine.core.sample.topk_topp import (
-    apply_min_p,
     apply_top_k_top_p,
     top_k_top_p_candidates,
     uses_top_k_top_p,

@@ -33,7 +33,6 @@ import torch
 
 __all__ = [
     "Candidates",
-    "apply_min_p",
     "apply_top_k_only",
     "apply_top_k_top_p",
     "top_k_top_p_candidates",
@@ -208,20 +207,3 @@ def _cutoffs(rows: torch.Tensor, k: torch.Tensor, p: torch.Tensor, num_candidate
     cutoff = values.gather(1, (num_kept - 1).unsqueeze(1)).squeeze(1)
     resolved = (num_kept < num_candidates) | (k <= num_candidates) | (num_candidates == vocab)
     return _Round(cutoff, num_kept, resolved, values, indices)
-
-
-def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
-    """Mask tokens whose probability is below ``min_p[i]`` times row ``i``'s top one.
-
-    ``p_i < min_p * p_max`` is ``logit_i < max_logit + log(min_p)``: no softmax needed.
-
-    Args:
-        logits: ``[rows, vocab]`` float logits (after temperature); modified in place.
-        min_p: ``[rows]`` values in [0, 1]; 0 disables the filter for that row.
-
-    Returns:
-        ``logits`` with the masked entries set to ``-inf``.
-    """
-    log_min_p = torch.log(min_p.to(logits.dtype))  # log(0) = -inf: nothing masked
-    cutoff = logits.amax(dim=1) + log_min_p
-    return logits.masked_fill_(logits < cutoff.unsqueeze(1), _NEG_INF)

@@ -41,7 +41,7 @@ class WorkerRuntime:
 
     def __init__(self, setup: EngineSetup, *, eos_token_id: int | None, rank: int = 0,
                  world_size: int = 1, distributed_init_method: str | None = None) -> None:
-        extensions = load_worker_extensions(setup.catalog, setup.config.worker_extensions)
+        extensions = load_worker_extensions(setup.catalog, setup.worker_extensions)
         self.methods = ExtensionMethods(extensions)
         cls = worker_class(Worker, extensions)
         self.rank = rank

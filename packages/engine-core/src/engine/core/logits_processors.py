@@ -6,6 +6,9 @@ keep their per-slot state with :func:`~engine.sdk.logits_processor.process_dict_
 Each caches the index/value tensors it applies and rebuilds them only when its state
 changed, so a step costs one indexed write (plus, for ``min_tokens``, one length check
 per request that still has a minimum to reach).
+
+This module sits outside ``sample/``: the front end loads these classes too (to run their
+``validate_params``), and must not import the sampler.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.core.sample.topk_topp import apply_min_p
 from engine.sdk.logits_processor import (
     BatchUpdate,
     LogitsProcessor,
@@ -26,6 +28,7 @@ from engine.sdk.sampling_params import SamplingParams
 
 __all__ = [
     "BUILTIN_LOGITS_PROCESSORS",
+    "apply_min_p",
     "LogitBiasLogitsProcessor",
     "MinPLogitsProcessor",
     "MinTokensLogitsProcessor",
@@ -202,3 +205,19 @@ BUILTIN_LOGITS_PROCESSORS: tuple[type[LogitsProcessor], ...] = (
     LogitBiasLogitsProcessor,
     MinPLogitsProcessor,
 )
+
+def apply_min_p(logits: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """Mask tokens whose probability is below ``min_p[i]`` times row ``i``'s top one.
+
+    ``p_i < min_p * p_max`` is ``logit_i < max_logit + log(min_p)``: no softmax needed.
+
+    Args:
+        logits: ``[rows, vocab]`` float logits (after temperature); modified in place.
+        min_p: ``[rows]`` values in [0, 1]; 0 disables the filter for that row.
+
+    Returns:
+        ``logits`` with the masked entries set to ``-inf``.
+    """
+    log_min_p = torch.log(min_p.to(logits.dtype))  # log(0) = -inf: nothing masked
+    cutoff = logits.amax(dim=1) + log_min_p
+    return logits.masked_fill_(logits < cutoff.unsqueeze(1), _NEG_INF)
