@@ -13,18 +13,18 @@ import numpy as np
 import pytest
 import torch
 
+from engine.core.logits_processors import (
+    LogitBiasLogitsProcessor,
+    MinPLogitsProcessor,
+    MinTokensLogitsProcessor,
+    apply_min_p,
+)
 from engine.core.sample import (
     LogprobsTensors,
     Sampler,
     SamplingMetadata,
     gather_logprobs,
     to_sample_logprobs,
-)
-from engine.core.logits_processors import (
-    LogitBiasLogitsProcessor,
-    MinPLogitsProcessor,
-    MinTokensLogitsProcessor,
-    apply_min_p,
 )
 from engine.core.sample.topk_topp import (
     apply_top_k_only,
