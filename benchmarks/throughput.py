@@ -8,9 +8,12 @@ EOS ignored, bfloat16, on a random-initialised Llama (hidden 768, 12 layers, 12 
     .venv/bin/python benchmarks/throughput.py --model random --dtype float32
     .venv/bin/python benchmarks/throughput.py --profile        # where the engine's time goes
     .venv/bin/python benchmarks/throughput.py --in-process     # EngineCore in this process
+    .venv/bin/python benchmarks/throughput.py --model random --tensor-parallel-size 2
 
 ``LLM`` runs EngineCore in its own process (as ``engine serve`` does) unless
-``--in-process``.
+``--in-process``. ``--tensor-parallel-size`` and ``--distributed-executor-backend`` go to
+the engine only (default: ``uni`` for one rank, ``mp`` for more); ``--threads`` is per rank
+for the engine (default: the cores divided by the ranks) and the whole of transformers'.
 
 Prints one table: generated tokens per second for each system and the engine's ratio.
 """
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import os
 import pstats
 import tempfile
 import time
@@ -40,6 +44,8 @@ def run_engine(model: str | None, prompts: list[list[int]], args: argparse.Names
 
     llm = LLM(model, dtype=args.dtype, max_model_len=args.input_len + args.output_len + 16,
               max_num_seqs=max(len(prompts), 1), num_threads=args.threads,
+              tensor_parallel_size=args.tensor_parallel_size,
+              distributed_executor_backend=args.distributed_executor_backend,
               in_process=args.in_process or args.profile)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]],
@@ -111,6 +117,11 @@ def main() -> None:
                         help="cProfile the engine's run (implies --in-process)")
     parser.add_argument("--in-process", action="store_true",
                         help="EngineCore in the benchmark's process (default: its own)")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1,
+                        help="the engine's tensor-parallel ranks (worker processes)")
+    parser.add_argument("--distributed-executor-backend", choices=["uni", "mp", "ray"],
+                        default=None, help="the engine's executor (default: uni for one "
+                        "rank, mp for more)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -118,9 +129,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.model or ["random", "default"]:
             rows.append((name, *bench_model(name, args, Path(tmp))))
+    tp = args.tensor_parallel_size
+    backend = args.distributed_executor_backend or ("uni" if tp == 1 else "mp")
+    rank_threads = args.threads or max(1, len(os.sched_getaffinity(0)) // tp)  # as the worker
     print(f"\nworkload: {args.num_prompts} prompts x {args.input_len} tokens -> "
-          f"{args.output_len} new tokens, greedy, EOS ignored, {args.dtype}, "
-          f"{torch.get_num_threads()} threads")
+          f"{args.output_len} new tokens, greedy, EOS ignored, {args.dtype}; transformers "
+          f"{torch.get_num_threads()} threads; engine TP={tp} ({backend}), {rank_threads} "
+          f"threads per rank")
     print(f"{'model':<10} {'engine tok/s':>14} {'transformers tok/s':>20} {'ratio':>8}")
     for name, engine_tps, hf_tps in rows:
         hf = f"{hf_tps:20.1f}" if hf_tps else f"{'-':>20}"

@@ -127,7 +127,14 @@ class Executor(ABC):
         return self._failure
 
 
-def rpc_error(method: str, rank: int, error: BaseException) -> CollectiveRpcError:
-    """The caller's error for ``method`` failing on ``rank`` (the worker's error chained)."""
+def rpc_error(method: str, rank: int, message: str, *,
+              plugin: str | None) -> CollectiveRpcError:
+    """The caller's error for ``method`` failing on ``rank`` with the worker's ``message``.
+
+    Without a ``plugin`` the call reached no extension method (an unknown name): the same
+    on every rank, so no rank is named.
+    """
+    if plugin is None:
+        return CollectiveRpcError(f"collective_rpc {method!r}: {message}", method=method)
     return CollectiveRpcError(f"collective_rpc {method!r} failed on worker rank {rank}: "
-                              f"{error}", method=method, rank=rank)
+                              f"{message}", method=method, rank=rank)

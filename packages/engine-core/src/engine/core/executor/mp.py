@@ -243,7 +243,7 @@ class MultiprocExecutor(Executor):
                                          f"not answer within {timeout:g} s",
                                          method=method, rank=rank) from None
             except WorkerCallError as exc:
-                raise rpc_error(method, rank, exc) from exc
+                raise rpc_error(method, rank, exc.message, plugin=exc.plugin) from exc
         return results
 
     # -- shutdown ------------------------------------------------------------------------

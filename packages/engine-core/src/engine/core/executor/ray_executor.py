@@ -227,7 +227,8 @@ class RayExecutor(Executor):
                                          method=method, rank=rank) from None
             except ray.exceptions.RayTaskError as exc:
                 cause = exc.cause if getattr(exc, "cause", None) is not None else exc
-                raise rpc_error(method, rank, cause) from exc
+                raise rpc_error(method, rank, str(cause),
+                                plugin=getattr(cause, "plugin", None)) from exc
         return results
 
     def shutdown(self) -> None:

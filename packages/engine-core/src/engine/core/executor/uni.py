@@ -45,7 +45,7 @@ class UniExecutor(Executor):
         try:
             return [self.runtime.collective_rpc(method, args, kwargs)]
         except WorkerExtensionError as exc:
-            raise rpc_error(method, 0, exc) from exc
+            raise rpc_error(method, 0, str(exc), plugin=exc.plugin) from exc
 
     def check_health(self) -> None:
         self.runtime.check_health()

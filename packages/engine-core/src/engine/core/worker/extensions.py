@@ -148,8 +148,8 @@ class ExtensionMethods:
         ext = self.owner.get(method)
         if ext is None:
             raise WorkerExtensionError(
-                f"collective_rpc: no worker extension defines {method!r}; callable "
-                f"methods: {self.available()}", group=WORKER_EXTENSIONS)
+                f"no worker extension defines {method!r}; callable methods: "
+                f"{self.available()}", group=WORKER_EXTENSIONS)
         try:
             return getattr(worker, method)(*args, **dict(kwargs))
         except Exception as exc:
