@@ -82,6 +82,20 @@ class RemoteServer:
                     pids.append(pid)
         return pids
 
+    def health_within(self, status: int, seconds: float) -> int:
+        """Poll ``GET /health`` until it answers ``status`` or ``seconds`` pass; the last."""
+        import httpx
+
+        start = time.monotonic()
+        last = -1
+        while time.monotonic() - start < seconds:
+            with contextlib.suppress(httpx.HTTPError):
+                last = httpx.get(self.url_for("health"), timeout=1).status_code
+                if last == status:
+                    break
+            time.sleep(0.05)
+        return last
+
     def log(self) -> str:
         """The server's log so far."""
         return self.log_path.read_text(errors="replace")

@@ -2,13 +2,13 @@
 
 The servicer never touches the scheduler itself: it hands work to the
 :class:`~engine.core.engine.loop.EngineLoop` (which runs on the main thread) and streams the
-loop's per-step outputs back. Over TCP, :class:`SecretInterceptor` checks the per-launch
-secret on every call before any handler runs.
+loop's per-step outputs back. Over TCP,
+:class:`~engine.core.rpc.server_auth.SecretInterceptor` checks the per-launch secret on
+every call before any handler runs.
 """
 
 from __future__ import annotations
 
-import hmac
 import json
 import logging
 import threading
@@ -25,46 +25,12 @@ from engine.core.rpc._gen import engine_core_pb2 as pb
 from engine.core.rpc._gen import engine_core_pb2_grpc as pb_grpc
 from engine.core.rpc.channel import (
     CALL_TIMEOUT_S,
-    SECRET_METADATA_KEY,
     SERVER_OPTIONS,
 )
+from engine.core.rpc.serving import start_grpc_server
 from engine.core.rpc.stream_sink import END_OF_STREAM, StreamSink
 
 logger = logging.getLogger("engine.core.rpc")
-
-class SecretInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
-    """Refuses every call whose ``x-engine-secret`` metadata is not the launch secret.
-
-    Args:
-        secret: The per-launch secret.
-        refusal: How the refusal describes this server and whom it serves.
-    """
-
-    def __init__(self, secret: str, *, refusal: str = "this EngineCore only serves the "
-                 "front end that launched it") -> None:
-        self._secret = secret.encode()
-        message = f"missing or wrong {SECRET_METADATA_KEY} metadata: {refusal}"
-
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        self._deny = deny
-
-    def intercept_service(self, continuation: Callable[[Any], Any],
-                          handler_call_details: Any) -> Any:
-        handler = continuation(handler_call_details)
-        given = next((value for key, value in handler_call_details.invocation_metadata or ()
-                      if key == SECRET_METADATA_KEY), "")
-        if handler is None or hmac.compare_digest(str(given).encode(), self._secret):
-            return handler
-        # Answer with a handler of the same shape, so a stream is refused at once.
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(self._deny)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(self._deny)
-        if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(self._deny)
-        return grpc.unary_unary_rpc_method_handler(self._deny)
-
 
 class EngineCoreServicer(pb_grpc.EngineCoreServicer):
     """``engine.v1.EngineCore`` over an :class:`EngineLoop`.
@@ -206,32 +172,13 @@ class EngineCoreServicer(pb_grpc.EngineCoreServicer):
 
 def make_server(loop: EngineLoop, info: EngineInfo, address: str, *, secret: str | None,
                 executor: ThreadPoolExecutor) -> tuple[grpc.Server, str]:
-    """Build and start the gRPC server on ``address`` (``unix:PATH`` or ``HOST:PORT``).
+    """Build and start the EngineCore server on ``address`` (``unix:PATH`` or ``HOST:PORT``).
 
-    Handlers run on ``executor`` (the caller shuts it down after ``server.stop()``).
-
-    Returns:
-        The started server and the address it listens on (the real port for ``:0``).
-
-    Raises:
-        ValueError: a TCP address without a secret.
-        RuntimeError: the address could not be bound.
+    Handlers run on ``executor`` (the caller shuts it down after ``server.stop()``). Raises
+    as :func:`~engine.core.rpc.serving.start_grpc_server` does.
     """
-    is_unix = address.startswith("unix:")
-    if not is_unix and not secret:
-        raise ValueError("EngineCore over TCP needs a per-launch secret")
-    server = grpc.server(
-        executor, interceptors=[SecretInterceptor(secret)] if secret else [],
-        options=SERVER_OPTIONS,
-    )
-    pb_grpc.add_EngineCoreServicer_to_server(  # type: ignore[no-untyped-call]
-        EngineCoreServicer(loop, info), server)
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise RuntimeError(f"EngineCore could not listen on {address}: {exc}") from exc
-    if not is_unix and port == 0:
-        raise RuntimeError(f"EngineCore could not listen on {address}")
-    server.start()
-    bound = address if is_unix else f"{address.rsplit(':', 1)[0]}:{port}"
-    return server, bound
+    return start_grpc_server(
+        lambda server: pb_grpc.add_EngineCoreServicer_to_server(  # type: ignore[no-untyped-call]
+            EngineCoreServicer(loop, info), server),
+        address, secret=secret, executor=executor, options=SERVER_OPTIONS, who="EngineCore",
+        refusal="this EngineCore only serves the front end that launched it")

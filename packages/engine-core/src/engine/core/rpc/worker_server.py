@@ -27,7 +27,7 @@ from engine.core.rpc._gen import engine_core_pb2 as core_pb
 from engine.core.rpc._gen import worker_pb2 as pb
 from engine.core.rpc._gen import worker_pb2_grpc as pb_grpc
 from engine.core.rpc.channel import SERVER_OPTIONS
-from engine.core.rpc.server import SecretInterceptor
+from engine.core.rpc.serving import start_grpc_server
 from engine.core.rpc.worker_convert import (
     runner_output_to_proto,
     scheduler_output_from_proto,
@@ -200,23 +200,9 @@ def make_worker_server(worker: WorkerProtocol, address: str, *, secret: str | No
         ValueError: a TCP address without a secret.
         RuntimeError: the address could not be bound.
     """
-    is_unix = address.startswith("unix:")
-    if not is_unix and not secret:
-        raise ValueError("a worker served over TCP needs a per-launch secret")
-    refusal = "this worker only serves the EngineCore that launched it"
-    server = grpc.server(
-        executor, interceptors=[SecretInterceptor(secret, refusal=refusal)] if secret else [],
-        options=WORKER_SERVER_OPTIONS,
-    )
-    pb_grpc.add_WorkerServicer_to_server(  # type: ignore[no-untyped-call]
-        WorkerServicer(worker, shutdown_event), server)
-    try:
-        port = server.add_insecure_port(address)
-    except RuntimeError as exc:
-        raise RuntimeError(f"worker rank {worker.rank} could not listen on {address}: "
-                           f"{exc}") from exc
-    if not is_unix and port == 0:
-        raise RuntimeError(f"worker rank {worker.rank} could not listen on {address}")
-    server.start()
-    bound = address if is_unix else f"{address.rsplit(':', 1)[0]}:{port}"
-    return server, bound
+    return start_grpc_server(
+        lambda server: pb_grpc.add_WorkerServicer_to_server(  # type: ignore[no-untyped-call]
+            WorkerServicer(worker, shutdown_event), server),
+        address, secret=secret, executor=executor, options=WORKER_SERVER_OPTIONS,
+        who=f"worker rank {worker.rank}",
+        refusal="this worker only serves the EngineCore that launched it")
