@@ -7,9 +7,9 @@ shows) and still *selective* (runs and requests that do not select it are untouc
 failure means a later SDK or engine broke a 1.0 plugin: fix the SDK or the engine, or
 the change needs a major version. Never "fix" the plugin.
 
-The four groups the engine cannot select yet (quantization, KV connectors, worker
-extensions, IO processors) are loaded through the engine's catalog and driven through
-their SDK contracts directly.
+The three groups the engine cannot select yet (quantization, KV connectors, IO
+processors) are loaded through the engine's catalog and driven through their SDK
+contracts directly.
 
 SDK deprecation warnings are shown, not raised: a feature deprecated in a later 1.x keeps
 working until 2.0, so a 1.0 plugin that uses it must still pass (every other warning is
@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 
 from engine.core import LLM
+from engine.core.messages import CollectiveRpcError
 from engine.core.plugins import Allowlist, PluginCatalog
 from engine.sdk import (
     CachedRequestData,
@@ -590,40 +591,30 @@ def test_kv_connector_sides_exchange_metadata(sdk1: Path) -> None:
         cls.metadata_cls.from_bytes(b'{"loads": {"0": "AA=="}}')  # block 0: the null block
 
 
-def test_worker_extension_on_a_real_model(tiny_llama: Path, sdk1: Path) -> None:
-    cls = _catalog().load(sdk_groups.WORKER_EXTENSIONS, "sdk1_inspect")
-    with _llm(tiny_llama) as llm:
-        engine_worker = llm.llm_engine.core.worker
-
-        class StandIn:  # what the contract says a worker offers
-            def __init__(self) -> None:
-                self.rank, self.world_size = 0, 1
-                self.device = engine_worker.device
-                self.model = engine_worker.built.model
-                self.kv_caches = engine_worker.kv_caches
-
-        public = {n for n in vars(cls) if not n.startswith("_") and n != "name"}
-        assert not public & set(dir(engine_worker)), "a method would clash with the worker"
-        worker: Any = type("Worker", (StandIn, cls), {})()
-        worker.init_worker_extension()
-        memory = worker.sdk1_memory()
-        assert json.loads(json.dumps(memory)) == memory
-        model = engine_worker.built.model
-        assert memory["parameter_bytes"] == sum(p.numel() * 4 for p in model.parameters())
-        assert memory["kv_cache_bytes"] == sum(
-            t.numel() * 4 for t in engine_worker.kv_caches.values())
-        assert memory["kv_cache_layers"] == sorted(engine_worker.kv_caches)
-        assert worker.sdk1_fingerprint() == worker.sdk1_fingerprint()
-        assert not worker.sdk1_weights_changed()
-        weight = model.norm.weight
-        original = weight.detach().clone()
+def test_worker_extension_through_collective_rpc(tiny_llama: Path, sdk1: Path) -> None:
+    with _calls() as calls, _llm(tiny_llama, worker_extensions=["sdk1_inspect"]) as llm:
+        worker = llm.llm_engine.core.worker  # uni: the worker runs in this process
+        [memory] = llm.collective_rpc("sdk1_memory")
+        assert memory == {
+            "rank": 0, "world_size": 1, "device": "cpu",
+            "parameter_bytes": sum(p.numel() * 4 for p in worker.model.parameters()),
+            "kv_cache_bytes": sum(t.numel() * 4 for t in worker.kv_caches.values()),
+            "kv_cache_layers": sorted(worker.kv_caches)}
+        assert llm.collective_rpc("sdk1_weights_changed") == [False]
         with torch.no_grad():
-            weight.add_(1.0)
-        assert worker.sdk1_weights_changed()
-        with torch.no_grad():
-            weight.copy_(original)
-        assert not worker.sdk1_weights_changed()
-        worker.destroy_worker_extension()
+            worker.model.norm.weight.add_(1.0)
+        assert llm.collective_rpc("sdk1_weights_changed") == [True]
+    assert calls["sdk1_inspect.init"] == 1 and calls["sdk1_inspect.destroy"] == 1
+    assert calls["sdk1_inspect.memory"] == 1
+    with _llm(tiny_llama, worker_extensions=["sdk1_inspect"], tensor_parallel_size=2) as llm:
+        memories = llm.collective_rpc("sdk1_memory")  # two worker processes
+        assert [(m["rank"], m["world_size"]) for m in memories] == [(0, 2), (1, 2)]
+        fingerprints = llm.collective_rpc("sdk1_fingerprint", timeout=30)
+        assert fingerprints[0]["sha256"] != fingerprints[1]["sha256"]  # each rank's shard
+        assert llm.collective_rpc("sdk1_weights_changed") == [False, False]
+    with _llm(tiny_llama) as llm:  # allowed, not selected: not reachable
+        with pytest.raises(CollectiveRpcError, match="no worker extension defines"):
+            llm.collective_rpc("sdk1_memory")
 
 
 def test_io_processor_round_trip_through_the_engine(tiny_llama: Path, sdk1: Path) -> None:

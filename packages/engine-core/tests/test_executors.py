@@ -223,3 +223,22 @@ def test_worker_whose_plugins_differ_stops_start_up_with_the_difference(
     assert "the worker rank 0 process does not have the same plugins as the front end" in message
     assert ("engine.worker_extensions:test_inspect from engine-test-plugin-workers 0.1.0 is "
             "not installed here") in message
+
+
+async def test_async_llm_collective_rpc_in_process(tiny_llama: Path, plugins_path: Path) -> None:
+    from engine.core.client.async_llm import AsyncLLM, in_process_client
+    from engine.core.config import EngineConfig
+
+    config = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=32,
+                          plugins="engine-test-plugin-workers",
+                          worker_extensions=("test_inspect",))
+    llm = AsyncLLM(config, client=in_process_client, log_stats=False)
+    await llm.start()
+    try:
+        [info] = await llm.collective_rpc("worker_info")
+        assert (info["rank"], info["world_size"]) == (0, 1)
+        with pytest.raises(CollectiveRpcError, match="failed on worker rank 0.*test_inspect"):
+            await llm.collective_rpc("fail", ["no"])
+        assert await llm.is_healthy()
+    finally:
+        await llm.shutdown()
