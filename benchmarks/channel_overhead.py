@@ -21,6 +21,10 @@ EngineCore (on its loop thread, between steps) and parse + convert in the front 
 
 On a shared 2-core machine use ``--threads 1``: with two torch threads, other processes
 make OpenMP barriers so slow that the spread between runs dwarfs the channel.
+
+This is the front end's channel to EngineCore. The other channel, from EngineCore to its
+worker processes (``--distributed-executor-backend mp``, ``worker.proto``), and tensor
+parallelism are measured by ``worker_channel.py`` on the same workload.
 """
 
 from __future__ import annotations

@@ -7,9 +7,9 @@ shows) and still *selective* (runs and requests that do not select it are untouc
 failure means a later SDK or engine broke a 1.0 plugin: fix the SDK or the engine, or
 the change needs a major version. Never "fix" the plugin.
 
-The three groups the engine cannot select yet (quantization, KV connectors, IO
-processors) are loaded through the engine's catalog and driven through their SDK
-contracts directly.
+The groups the engine cannot select yet are loaded through the engine's catalog and
+driven through their SDK contracts directly. The IO processor is driven both ways: through
+its contract, and through ``POST /pooling`` and ``LLM.encode``.
 
 SDK deprecation warnings are shown, not raised: a feature deprecated in a later 1.x keeps
 working until 2.0, so a 1.0 plugin that uses it must still pass (every other warning is
@@ -56,7 +56,11 @@ from engine.sdk import (
 from engine.sdk import groups as sdk_groups
 from engine.sdk.ops import RMSNormOp
 from engine.sdk.quantization import check_quantization_support
-from engine.testing.contracts import check_logits_processor, check_scheduler
+from engine.testing.contracts import (
+    check_kv_connector,
+    check_logits_processor,
+    check_scheduler,
+)
 from engine.testing.engine import assert_kv_pool_full
 from engine.testing.server import running_server
 from engine.testing.test_plugins import PLUGINS_SOURCE, env_with_plugins, run_engine_cli
@@ -384,6 +388,7 @@ def test_platform_claims_the_host_only_when_enabled(
         assert setup.block_size == 32  # check_and_update_config rounded 16 up
         assert setup.dtype is torch.float32
         assert llm.llm_engine.core.worker.built.backend.name == "sdk1_paged"  # its default
+        assert setup.enforce_eager is True  # check_and_update_config set it: applied
         assert _greedy(llm) == reference
         assert_kv_pool_full(llm)
     assert calls["sdk1_cpu.is_available"] >= 1 and calls["sdk1_paged.forward"] > 0
@@ -448,6 +453,140 @@ def test_endpoint_on_a_real_server(tiny_llama: Path, sdk1_plugin_dir: Path) -> N
         # Built-in routes are untouched.
         assert httpx.get(server.url_for("health")).status_code == 200
         assert client.models.list().data[0].id == "tiny"
+
+
+def test_custom_ops_flag_turns_the_replacement_off(tiny_llama: Path, sdk1: Path,
+                                                   reference: list[list[int]]) -> None:
+    for items in (("-rms_norm",), ("none",)):
+        with _calls() as calls, _llm(tiny_llama, custom_ops=items) as llm:
+            assert type(llm.llm_engine.core.worker.built.model.norm) is RMSNormOp
+            assert _greedy(llm) == reference
+        assert calls["rms_norm.call"] == 0
+    with _calls() as calls, _llm(tiny_llama, custom_ops=("none", "+rms_norm")) as llm:
+        assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "Sdk1RMSNorm"
+        assert _greedy(llm) == reference
+    assert calls["rms_norm.call"] > 0
+
+
+def test_plugins_list_shows_each_op_implementation(sdk1_plugin_dir: Path) -> None:
+    listed = run_engine_cli(["plugins", "list", "--plugins", DIST], sdk1_plugin_dir)
+    assert listed.returncode == 0, listed.stderr
+    assert ("  rms_norm                     engine_test_plugin_sdk1.ops:Sdk1RMSNorm "
+            f"({DIST} 1.0.0)  [default: an allowed replacement is used]") in listed.stdout
+    assert ("  silu_and_mul                 built-in engine.sdk.ops:SiluAndMulOp  [no "
+            "replacement is installed]") in listed.stdout
+    off = run_engine_cli(["plugins", "list", "--plugins", DIST, "--custom-ops=-rms_norm",
+                          "--json"], sdk1_plugin_dir)
+    assert off.returncode == 0, off.stderr
+    [row] = [r for r in json.loads(off.stdout) if r["group"] == sdk_groups.CUSTOM_OPS]
+    assert (row["name"], row["used"], row["used_reason"]) == (
+        "rms_norm", False, "--custom-ops: -rms_norm")
+    bad = run_engine_cli(["plugins", "list", "--plugins", DIST, "--custom-ops", "+rms"],
+                         sdk1_plugin_dir)
+    assert bad.returncode == 2 and "rms_norm, rotary_embedding, silu_and_mul" in bad.stderr
+
+
+def test_stat_logger_under_llm(tiny_llama: Path, sdk1: Path) -> None:
+    from engine_test_plugin_sdk1.stats import TOTALS
+
+    before = json.loads(json.dumps(TOTALS))
+    with _calls() as calls, _llm(tiny_llama, plugin_options={
+            "sdk1_totals": {"keep_recent": 5}}) as llm:
+        assert "sdk1_totals" in llm.llm_engine.stat_loggers.loggers
+        _greedy(llm)
+    assert TOTALS["generation_tokens"] - before["generation_tokens"] == 3 * GREEDY.max_tokens
+    assert TOTALS["finished"]["length"] - before["finished"].get("length", 0) == 3
+    assert TOTALS["engines"][-1]["num_kv_blocks"] == 128  # log_engine_initialized
+    assert calls["sdk1_totals.record"] > 0  # and the default shutdown() ran at the end
+    before = json.loads(json.dumps(TOTALS))
+    with _llm(tiny_llama, plugins="none") as llm:
+        _greedy(llm)
+    assert TOTALS == before
+
+
+def test_io_processor_through_llm_encode(tiny_llama: Path, sdk1: Path) -> None:
+    options = {"sdk1_batch": {"prefix": "Q: ", "max_items": 3}}
+    with _calls() as calls, _llm(tiny_llama, io_processor="sdk1_batch",
+                                 plugin_options=options) as llm:
+        body = llm.encode({"items": ["Hello", [7, 11, 13]]},
+                          SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+        expected = llm.generate(["Q: Hello", {"prompt_token_ids": [7, 11, 13]}],
+                                SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
+                                use_tqdm=False)
+        with pytest.raises(ValidationError) as info:
+            llm.encode({"items": ["a", "b", "c", "d"]})  # the max_items option arrived
+        assert info.value.param == "items"
+    assert body["request_id"].startswith("encode-")
+    assert [(o["index"], o["text"], o["num_tokens"], o["finish_reason"])
+            for o in body["outputs"]] == [(i, e.outputs[0].text, 4, "length")
+                                          for i, e in enumerate(expected)]
+    assert calls["sdk1_batch.parse_request"] == 2 and calls["sdk1_batch.post_process"] == 1
+    with _calls() as calls, _llm(tiny_llama) as llm:  # allowed, not selected: not reached
+        with pytest.raises(ValidationError, match="installed: sdk1_batch"):
+            llm.encode({"items": ["Hello"]})
+    assert not [key for key in calls if key.startswith("sdk1_batch")]
+
+
+def test_io_processor_on_a_real_server(tiny_llama: Path, sdk1_plugin_dir: Path) -> None:
+    with running_server(tiny_llama, ["--in-process", "--plugins", DIST, "--io-processor",
+                                     "sdk1_batch", "--plugin-option", "sdk1_batch.max_items=2"],
+                        served_model_name="tiny", env=env_with_plugins(sdk1_plugin_dir)
+                        ) as server:
+        response = httpx.post(server.url_for("pooling"), json={"items": ["Hello", [7, 11]]},
+                              timeout=60)
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert body["request_id"].startswith("pool-")
+        assert [o["index"] for o in body["outputs"]] == [0, 1]
+        assert all(1 <= o["num_tokens"] <= 16 for o in body["outputs"])  # vLLM's defaults
+        bad = httpx.post(server.url_for("pooling"), json={"items": ["a", "b", "c"]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "items"
+        bad = httpx.post(server.url_for("pooling"), json={"items": ["a", [1, -2]]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "items[1]"
+        # The other routes are untouched.
+        result = server.client().completions.create(model="tiny", prompt="Hello",
+                                                    max_tokens=3, temperature=0)
+        assert result.choices[0].finish_reason in ("length", "stop")
+
+
+def test_quantization_through_the_engine(tiny_llama: Path, sdk1: Path, tmp_path: Path,
+                                         reference: list[list[int]]) -> None:
+    with _calls() as calls, _llm(tiny_llama, quantization="sdk1_int8") as llm:
+        got = _greedy(llm)
+        setup = llm.llm_engine.setup
+        model = llm.llm_engine.core.worker.model
+        assert setup.quantization is not None and setup.quantization.name == "sdk1_int8"
+        qkv = model.layers[0].self_attn.qkv_proj
+        assert qkv.weight.dtype == torch.int8 and qkv.weight_scale.shape == (128,)
+        assert model.lm_head.weight.dtype == torch.float32  # kind lm_head: left unquantized
+        assert_kv_pool_full(llm)
+    assert [t[:6] for t in got] == [t[:6] for t in reference]  # int8 rows: close, not equal
+    layers = 8  # 2 x (qkv, o, gate_up, down)
+    assert calls["sdk1_int8.from_config"] >= 1
+    assert calls["sdk1_int8.create_weights"] == calls[
+        "sdk1_int8.process_weights_after_loading"] == layers
+    assert calls["sdk1_int8.apply"] > 0 and calls["sdk1_int8.apply"] % layers == 0
+    # Selected by the checkpoint: config.json's quantization_config, then its own file.
+    checkpoint = shutil.copytree(tiny_llama, tmp_path / "quantized")
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "sdk1_int8",
+                                     "modules_to_not_convert": ["o_proj"]}
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    with _calls() as calls, _llm(checkpoint) as llm:
+        layer = llm.llm_engine.core.worker.model.layers[1]
+        assert layer.self_attn.o_proj.weight.dtype == torch.float32  # its setting arrived
+        assert layer.mlp.down_proj.weight.dtype == torch.int8
+    assert calls["sdk1_int8.create_weights"] == layers - 2
+    del config["quantization_config"]
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    (checkpoint / "sdk1_quant.json").write_text(json.dumps({"quant_method": "sdk1_int8"}))
+    with _calls() as calls, _llm(checkpoint) as llm:
+        assert llm.llm_engine.setup.quantization.origin == "sdk1_quant.json"  # type: ignore[union-attr]
+    assert calls["sdk1_int8.create_weights"] == layers
+    with _calls() as calls, _llm(tiny_llama) as llm:  # allowed, not selected
+        assert llm.llm_engine.setup.quantization is None
+        assert _greedy(llm) == reference
+    assert not any(key.startswith("sdk1_int8.") for key in calls)
 
 
 # -- seams the engine does not select yet: driven through their SDK contracts ---------------
@@ -589,6 +728,32 @@ def test_kv_connector_sides_exchange_metadata(sdk1: Path) -> None:
     assert list(meta.saves) == [1]  # only the block whose KV is computed
     with pytest.raises(pydantic.ValidationError):  # a malformed payload fails loudly
         cls.metadata_cls.from_bytes(b'{"loads": {"0": "AA=="}}')  # block 0: the null block
+
+
+def test_kv_connector_through_the_engine(tiny_llama: Path, sdk1: Path,
+                                        reference: list[list[int]]) -> None:
+    # Selected with kv_connector="sdk1_store": both sides run inside a real engine, and
+    # the blocks it stored come back as cached tokens once the prefix cache is dropped.
+    prompts = [{"prompt_token_ids": list(p)} for p in PROMPTS]
+    with _calls() as calls, _llm(tiny_llama, kv_connector="sdk1_store") as llm:
+        assert _greedy(llm) == reference
+        assert llm.llm_engine.core.reset_prefix_cache()
+        outputs = llm.generate(prompts, GREEDY, use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == reference
+        assert [o.num_cached_tokens for o in outputs] == [0, 32, 16]  # its full blocks
+        assert_kv_pool_full(llm)
+    assert calls["sdk1_store.register_kv_caches"] == 1
+    assert calls["sdk1_store.request_finished"] == 2 * len(PROMPTS)
+    steps = calls["sdk1_store.build_connector_meta"]
+    assert steps > 0 and calls["sdk1_store.start_load_kv"] == steps
+    assert calls["sdk1_store.wait_for_save"] == steps
+    assert calls["sdk1_store.save_kv_layer"] == calls["sdk1_store.wait_for_layer_load"] > 0
+    assert calls["sdk1_store.update_state_after_alloc"] == 2 * len(PROMPTS)
+    with _calls() as calls, _llm(tiny_llama) as llm:  # allowed, not selected: never called
+        assert _greedy(llm) == reference
+    assert not any(key.startswith("sdk1_store.") for key in calls)
+    report = check_kv_connector(_catalog().load(sdk_groups.KV_CONNECTORS, "sdk1_store"))
+    assert report.num_external_tokens > 0
 
 
 def test_worker_extension_through_collective_rpc(tiny_llama: Path, sdk1: Path) -> None:

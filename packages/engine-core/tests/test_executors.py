@@ -210,14 +210,20 @@ def test_worker_whose_plugins_differ_stops_start_up_with_the_difference(
     target = install_test_plugins(tmp_path / "plugins", ("workers",))
     config = EngineConfig(model=str(tiny_llama), dtype="float32", num_kv_blocks=64,
                           distributed_executor_backend="mp")
-    sys.path.insert(0, str(target))
+    saved = list(sys.path)
+    # Only this test's plugin directory, and only for the front end: other modules' fixtures
+    # may have left the whole test-plugin set on sys.path.
+    sys.path[:] = [p for p in saved if not any(Path(p).glob("engine_test_plugin_*"))]
     try:
+        sys.path.insert(0, str(target))
         setup = prepare(config)  # the front end's manifest names engine-test-plugin-workers
-    finally:
         sys.path.remove(str(target))
-    assert any(e.distribution == "engine-test-plugin-workers" for e in setup.manifest.entries)
-    with pytest.raises(RuntimeError) as info:
-        MultiprocExecutor(setup, eos_token_id=None)  # the worker is spawned without it
+        assert any(e.distribution == "engine-test-plugin-workers"
+                   for e in setup.manifest.entries)
+        with pytest.raises(RuntimeError) as info:
+            MultiprocExecutor(setup, eos_token_id=None)  # the worker is spawned without it
+    finally:
+        sys.path[:] = saved
     message = str(info.value)
     assert message.startswith("worker rank 0 failed to start: PluginError: ")
     assert "the worker rank 0 process does not have the same plugins as the front end" in message

@@ -183,7 +183,7 @@ def test_add_request_validation() -> None:
         ({"num_kv_blocks": 3}, "holds 12 tokens .* fewer than max_model_len=64"),
         ({"max_num_seqs": 0}, "max_num_seqs must be >= 1"),
         ({"block_size": 0}, "block_size must be >= 1"),
-        ({"kv_connector": object()}, "does not support KV connectors"),
+        ({"kv_connector": object()}, "must be the scheduler side of a KV connector"),
     ],
 )
 def test_context_validation(overrides: dict[str, Any], message: str) -> None:

@@ -57,8 +57,9 @@ class EngineConfig(BaseModel):
     num_kv_blocks: int | None = Field(
         None, ge=1, description="KV-cache blocks to allocate (overrides --kv-cache-memory)")
     kv_cache_memory: float | None = Field(
-        None, gt=0, description="GiB of memory for the KV cache; default 2 GiB on the CPU, "
-        "capped at what max-num-seqs sequences of max-model-len need")
+        None, gt=0, description="GiB of memory for the KV cache of each tensor-parallel "
+        "rank; default 2 GiB on the CPU, capped at what max-num-seqs sequences of "
+        "max-model-len need")
     enable_prefix_caching: bool = Field(True, description="share KV blocks of common prefixes")
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
     max_num_batched_tokens: int = Field(
@@ -73,6 +74,9 @@ class EngineConfig(BaseModel):
     attention_backend: str | None = Field(
         None, description="attention backend (engine.attention_backends name or "
         "module:Class); default: the platform's choice")
+    quantization: str | None = Field(
+        None, description="quantization method (engine.quantization name or module:Class); "
+        "default: the checkpoint's quantization_config.quant_method, if it has one")
     linear_kernel: str | None = Field(
         None, description="force this linear kernel (engine.linear_kernels name) for every "
         "layer; default: the highest-priority kernel that can run each layer")
@@ -91,6 +95,21 @@ class EngineConfig(BaseModel):
     worker_extensions: tuple[str, ...] = Field(
         (), description="worker extensions (engine.worker_extensions names or module:Class, "
         "comma-separated on the CLI) whose methods collective_rpc reaches on every worker")
+    kv_connector: str | None = Field(
+        None, description="KV connector (engine.kv_connectors name or module:Class) that "
+        "saves and loads KV blocks outside the engine's cache, e.g. offload")
+    kv_connector_options: dict[str, Any] = Field(
+        default_factory=dict, description="options of the KV connector, as given by "
+        "--kv-connector-option KEY=VALUE")
+    custom_ops: tuple[str, ...] = Field(
+        (), description="which custom-op replacements to use: all, none, +NAME, -NAME "
+        "(comma-separated; write --custom-ops=-NAME for a leading minus); default: every "
+        "installed replacement the platform does not disable")
+    enforce_eager: bool = Field(
+        False, description="never capture graphs (CUDA graphs on platforms that have them)")
+    io_processor: str | None = Field(
+        None, description="IO processor (engine.io_processors name or module:Class) served "
+        "on POST /pooling and LLM.encode")
     seed: int = Field(0, description="seed of the engine's global random state")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores)")
@@ -106,7 +125,7 @@ class EngineConfig(BaseModel):
         "of several plugins with the same name")
 
     @field_validator("scheduler", "scheduling_policy", "attention_backend", "linear_kernel",
-                     mode="before")
+                     "quantization", "kv_connector", "io_processor", mode="before")
     @classmethod
     def _class_to_reference(cls, value: Any) -> Any:
         return plugin_reference(value)
@@ -121,7 +140,8 @@ class EngineConfig(BaseModel):
     def plugin_selections(self) -> list[str]:
         """Every plugin this config selects by name, ``module:Class`` or class object."""
         names = [self.scheduler, self.scheduling_policy, self.attention_backend,
-                 self.linear_kernel, *self.logits_processors, *self.worker_extensions]
+                 self.linear_kernel, self.quantization, self.kv_connector, self.io_processor,
+                 *self.logits_processors, *self.worker_extensions]
         return [name for name in names if name is not None]
 
     @field_validator("plugin_options")

@@ -5,6 +5,9 @@ from engine.core import LLM, SamplingParams
 llm = LLM()                                  # the built-in default model
 outputs = llm.generate(["The capital of France is"], SamplingParams(max_tokens=16))
 print(outputs[0].outputs[0].text)
+
+llm = LLM(io_processor="my_processor")       # an engine.io_processors plugin
+body = llm.encode({"my": "payload"})         # what POST /pooling would answer
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from tqdm.auto import tqdm
 
 from engine.core.config import EngineConfig
 from engine.core.frontend.input_processor import PromptType
+from engine.core.io_processing import generation_result, io_processor_missing
 from engine.core.llm_engine import LLMEngine
 from engine.core.outputs import RequestOutput
 from engine.core.tokenizer import Tokenizer
@@ -46,8 +50,12 @@ class LLM:
         model: A Hugging Face directory or a ``.gguf`` file; None for the built-in default.
         dtype: ``auto``, ``bfloat16``, ``float16`` or ``float32``.
         in_process: Run EngineCore in this process instead of its own.
+        log_stats: Log a line per finished request and a throughput line every 10 s (the
+            built-in stat logger; off by default offline). ``engine.stat_loggers`` plugins
+            are always used, and their ``shutdown()`` is called by :meth:`shutdown`.
         **kwargs: Any other :class:`~engine.core.config.EngineConfig` field
-            (``max_num_seqs``, ``num_kv_blocks``, ``enable_prefix_caching``, ...).
+            (``max_num_seqs``, ``num_kv_blocks``, ``enable_prefix_caching``,
+            ``io_processor``, ``custom_ops``, ...).
 
     Raises:
         pydantic.ValidationError: an option is invalid (the message names it).
@@ -57,9 +65,10 @@ class LLM:
     """
 
     def __init__(self, model: str | None = None, *, dtype: str = "auto",
-                 in_process: bool = False, **kwargs: Any) -> None:
+                 in_process: bool = False, log_stats: bool = False, **kwargs: Any) -> None:
         self.llm_engine = LLMEngine(EngineConfig.model_validate(
-            {"model": model, "dtype": dtype, **kwargs}), in_process=in_process)
+            {"model": model, "dtype": dtype, **kwargs}), in_process=in_process,
+            log_stats=log_stats)
         self._ids = itertools.count()
 
     def __enter__(self) -> LLM:
@@ -69,7 +78,7 @@ class LLM:
         self.shutdown()
 
     def shutdown(self) -> None:
-        """Stop EngineCore (its process, if it has one); idempotent."""
+        """Stop EngineCore (its process, if it has one), then the stat loggers; idempotent."""
         self.llm_engine.shutdown()
 
     def collective_rpc(self, method: str, args: Sequence[Any] = (),
@@ -146,6 +155,47 @@ class LLM:
             prompts.append({"prompt": text, "prompt_token_ids":
                             tokenizer.encode(text, add_special_tokens=False)})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
+
+    def encode(self, data: Any, sampling_params: SamplingParams | None = None, *,
+               use_tqdm: bool = False) -> Any:
+        """Run one payload through the IO processor, offline: what ``POST /pooling`` answers.
+
+        The engine must have been created with ``io_processor=NAME`` (an
+        ``engine.io_processors`` entry or ``module:Class``; ``--io-processor`` on the
+        command line). ``data`` goes through the processor's ``parse_request`` and
+        ``pre_process``; every prompt it makes is generated (with the prompt's own
+        ``sampling_params``, else ``sampling_params``, else vLLM's defaults), and the
+        finished generations, in prompt order, go through ``post_process``, whose return
+        value is returned. vLLM names this ``LLM.encode`` too.
+
+        Raises:
+            ValidationError: no IO processor was selected (the message says how to select
+                one); the processor refused the payload (its message and ``param``); or
+                the engine refused a prompt it made (too long, ...). Nothing was queued.
+            PluginError: the processor raised anything else, or broke its contract (no
+                prompts, ``n != 1``), naming the plugin and its distribution.
+        """
+        engine = self.llm_engine
+        handle = engine.io_processor
+        if handle is None:
+            raise ValidationError(io_processor_missing(
+                engine.setup, "create the engine with LLM(..., io_processor=NAME) (engine "
+                "serve --io-processor NAME)"), param="io_processor")
+        request_id = f"encode-{next(self._ids)}"
+        prompts = handle.pre_process(handle.parse_request(data), request_id,
+                                     sampling_params or SamplingParams())
+        processed = []
+        for prompt in prompts:
+            try:
+                processed.append(engine.process_request(prompt.request_id, prompt.prompt,
+                                                        prompt.params))
+            except ValidationError as exc:
+                raise handle.invalid_prompt(prompt, exc) from exc
+        outputs = engine.add_processed_requests(processed)
+        self._run(len(outputs), use_tqdm)
+        return handle.post_process(
+            [generation_result(p.request_id, o) for p, o in zip(prompts, outputs, strict=True)],
+            request_id)
 
     def _run(self, total: int, use_tqdm: bool) -> None:
         engine = self.llm_engine

@@ -2,26 +2,31 @@
 
 ``prepare(config)`` builds the plugin catalog (and runs general plugins), selects the
 platform and lets it adjust the config, resolves the model and reads its config, picks the
-dtype and the context length. The result is shared by the front end, EngineCore and the
-worker (in other processes it is rebuilt from the same config and manifest).
+dtype, the context length and the quantization method (checked here, before any weight
+loads, so the front end reports an unknown or unsupported method first). The result is
+shared by the front end, EngineCore and the worker (in other processes it is rebuilt from
+the same config and manifest).
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from engine.core.config import EngineConfig
+from engine.core.custom_op_selection import CustomOpSettings, resolve_settings
 from engine.core.distributed import check_tensor_parallel
 from engine.core.model_loader import ModelSource, load_config, resolve_model
 from engine.core.platforms import select_platform
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
+from engine.core.quantization import QuantizationSelection, resolve_quantization
 from engine.sdk.errors import ValidationError
 from engine.sdk.groups import WORKER_EXTENSIONS
 from engine.sdk.platform import Platform, PlatformConfig
+from engine.sdk.quantization import QuantizationConfig
 
 logger = logging.getLogger("engine")
 
@@ -44,6 +49,23 @@ class EngineSetup:
     block_size: int
     #: ``--worker-extension`` names, then those the platform added.
     worker_extensions: tuple[str, ...] = ()
+    #: The platform's ``custom_ops`` items, then ``--custom-ops`` (which wins).
+    custom_ops: CustomOpSettings = field(default_factory=CustomOpSettings)
+    #: ``--enforce-eager`` or the platform's ``enforce_eager`` (either one disables graphs).
+    enforce_eager: bool = False
+    #: The quantization method (``--quantization`` or the checkpoint's), checked and
+    #: configured in this process; None: unquantized.
+    quantization: QuantizationSelection | None = None
+
+    @property
+    def quant_config(self) -> QuantizationConfig | None:
+        """The quantization method's configuration (what the layer factory asks), or None."""
+        return None if self.quantization is None else self.quantization.config
+
+    @property
+    def keeps_gguf_blocks(self) -> bool:
+        """Whether a GGUF file's matrices are loaded packed (the ``gguf`` method)."""
+        return self.quantization is not None and self.quantization.keeps_gguf_blocks
 
     @property
     def vocab_size(self) -> int:
@@ -95,7 +117,7 @@ def check_plugin_options(config: EngineConfig, catalog: PluginCatalog) -> None:
     groups_of: dict[str, list[str]] = {}
     for entry in allowed:
         groups_of.setdefault(entry.name, []).append(entry.group)
-    extra = set(config.logits_processors) | {config.scheduler, config.scheduling_policy}
+    extra = set(config.plugin_selections())  # module:Class selections take options too
     qualified = {f"{e.group}:{e.name}" for e in allowed}
     unknown = sorted(key for key in config.plugin_options
                      if key not in qualified and key not in groups_of and key not in extra)
@@ -129,14 +151,20 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         raise ValidationError(f"platform {platform.name} is not available: {available.reason}")
     platform_config = PlatformConfig(dtype=config.dtype, block_size=config.block_size,
                                      worker_extensions=list(config.worker_extensions),
-                                     attention_backend=config.attention_backend)
+                                     attention_backend=config.attention_backend,
+                                     custom_ops=list(config.custom_ops),
+                                     enforce_eager=config.enforce_eager)
     platform.check_and_update_config(platform_config)
+    custom_ops = resolve_settings(config.custom_ops, platform_config.custom_ops,
+                                  platform.name, catalog)  # bad op names fail here
     for name in platform_config.worker_extensions:  # unknown names fail before any load
         catalog.resolve(WORKER_EXTENSIONS, name)
     source = resolve_model(config.model)
     hf_config = load_config(source)
     check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
     dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
+    quantization = resolve_quantization(config.quantization, catalog, source, platform,
+                                        str(dtype).removeprefix("torch."))  # before any load
     setup = EngineSetup(
         config=config, catalog=catalog, manifest=manifest, platform=platform, source=source,
         hf_config=hf_config, dtype=dtype,
@@ -144,8 +172,13 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         attention_backend=platform_config.attention_backend,
         block_size=platform_config.block_size or config.block_size,
         worker_extensions=tuple(dict.fromkeys(platform_config.worker_extensions)),
+        custom_ops=custom_ops,
+        enforce_eager=config.enforce_eager or bool(platform_config.enforce_eager),
+        quantization=quantization,
     )
-    logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d", process,
+    logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d%s", process,
                 source.display_name, source.kind, platform.name,
-                str(dtype).removeprefix("torch."), setup.max_model_len)
+                str(dtype).removeprefix("torch."), setup.max_model_len,
+                "" if quantization is None else
+                f", quantization {quantization.name} (from {quantization.origin})")
     return setup

@@ -12,17 +12,28 @@ from typing import Any
 
 from engine.sdk.context import PluginContext
 from engine.sdk.plugin import Plugin
+from engine.sdk.sampling_params import SamplingParams
 
 
 @dataclass(frozen=True)
 class ProcessedPrompt:
     """A prompt produced by :meth:`IOProcessor.pre_process`: text or token ids, not both.
 
+    Attributes:
+        text: The prompt as text (tokenized by the engine).
+        token_ids: The prompt as token ids.
+        sampling_params: How to generate for this prompt (``n`` must be 1: one
+            :class:`GenerationResult` per prompt). ``None``: the caller's default, which is
+            the ``sampling_params`` argument of ``LLM.encode`` offline and
+            ``SamplingParams()`` (vLLM's defaults) on ``POST /pooling``.
+
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``sampling_params``.
     """
 
     text: str | None = None
     token_ids: tuple[int, ...] | None = None
+    sampling_params: SamplingParams | None = None
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.token_ids is None):
@@ -54,6 +65,14 @@ class IOProcessorContext(PluginContext):
 
 class IOProcessor(Plugin, ABC):
     """Custom input/output handling selected with ``--io-processor NAME`` (front end only).
+
+    The engine serves the selected processor on ``POST /pooling`` (``engine serve
+    --io-processor NAME``) and offline through ``LLM.encode(data)``: the payload goes
+    through :meth:`parse_request`, :meth:`pre_process`, the engine (one generation per
+    prompt) and :meth:`post_process`, whose return value is the response. An exception
+    other than ``ValidationError`` raised by a hook fails that request only, with a
+    ``PluginError`` naming the plugin and its distribution (HTTP 500, code
+    ``plugin_error``).
 
     .. versionadded:: 1.0
     """

@@ -72,12 +72,14 @@ class KVConnectorContext(PluginContext):
 
     Attributes:
         role: The side being built.
-        engine_id: Unique id of this engine instance (tells peers apart in disaggregated
-            setups).
+        engine_id: Id of this engine (tells peers apart in disaggregated setups); the same
+            on both sides and on every rank (the engine derives it from its configuration).
         block_size: Tokens per KV-cache block.
         num_blocks: Blocks in the KV cache (block 0, the null block, included).
         num_layers: Attention layers in the model.
-        layer_names: The attention layers' names, in model order.
+        layer_names: The attention layers' names, in model order, on the worker side (the
+            scheduler side, which never builds the model, gets an empty tuple and the head
+            geometry from the model's config).
         num_kv_heads: Key/value heads per layer on one tensor-parallel rank.
         head_size: Elements per head.
         kv_cache_dtype: Dtype of the KV cache, e.g. ``"bfloat16"``.

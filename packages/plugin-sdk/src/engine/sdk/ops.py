@@ -11,9 +11,11 @@ construction, to one of:
 The non-native methods default to ``forward_native``. The dispatch key is the
 constructor's ``dispatch_key``: ``"native"`` (the reference; the default), ``"cpu"``,
 ``"cuda"``, or any other device type (``"npu"``, ``"xpu"``, ...), which selects
-``forward_oot``. The engine passes the platform's device type for ops enabled with
-``--custom-ops +name`` (or enabled by default on the platform) and ``"native"`` for ops
-disabled with ``-name``.
+``forward_oot``. The engine builds every op with the platform's device type as its key.
+Which class it builds an op from is the operator's and the platform's choice
+(``--custom-ops all,none,+name,-name`` and ``PlatformConfig.custom_ops``; the operator's
+flag wins): the replacement registered under the op's name, or, when that is turned off
+or none is installed, the built-in contract class, whose every path is the reference.
 
 Replacing an op: publish a subclass of its contract class (e.g. :class:`RMSNormOp`) in
 ``engine.custom_ops`` under the op's :attr:`~CustomOp.name`, overriding the forward

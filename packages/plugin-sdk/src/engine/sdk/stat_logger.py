@@ -35,8 +35,9 @@ class StatLoggerContext(PluginContext):
 class StatLogger(Plugin, ABC):
     """Receives stats after every engine step, in the front-end process.
 
-    Every loaded stat logger is used (``engine.stat_loggers``). An exception in ``record``
-    is logged with the plugin's name and does not fail requests.
+    Every loaded stat logger is used (``engine.stat_loggers``), under ``engine serve``,
+    ``AsyncLLM`` and the offline ``LLM`` alike. An exception in any of its methods is
+    logged with the plugin's name and does not fail requests.
 
     .. versionadded:: 1.0
     """
@@ -59,3 +60,17 @@ class StatLogger(Plugin, ABC):
 
     def log_engine_initialized(self) -> None:
         """Called once, when the engine is ready to serve. Default: no-op."""
+
+    def shutdown(self) -> None:
+        """Flush and release what the logger holds: the engine is stopping.
+
+        Called: once per logger, in the front end, when the engine stops (``LLM.shutdown()``
+        or the ``with`` block's end, garbage collection or interpreter exit of an ``LLM``;
+        ``AsyncLLM.shutdown()``, so also when ``engine serve`` exits), after the last
+        :meth:`record`. Not called for a logger whose engine never finished starting.
+        Must: return within a few seconds (send buffered data, close sockets and files);
+        an exception is logged with the plugin's name and does not stop the shutdown.
+        Default: no-op.
+
+        .. versionadded:: 1.1
+        """

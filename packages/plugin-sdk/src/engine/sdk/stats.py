@@ -14,7 +14,8 @@ class PrefixCacheStats:
 
     Attributes:
         queries: Prompt tokens looked up.
-        hits: Of those, tokens found in the cache.
+        hits: Of those, tokens found in the cache (the prefix cache, or supplied by a KV
+            connector from outside the engine).
         reset: True if the cache was reset since the previous snapshot.
 
     .. versionadded:: 1.0

@@ -1,9 +1,10 @@
 """``build_app``: the OpenAI-compatible FastAPI app around an :class:`AsyncLLM`.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``, plus the routes of allowed
-endpoint plugins, and with ``--enable-dev-endpoints`` ``POST /collective_rpc``.
-``--api-key`` protects ``/v1/*`` and the dev endpoints. The app's lifespan starts the engine
+``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``, ``POST /pooling`` (the
+``--io-processor``; 404 without one), plus the routes of allowed endpoint plugins, and
+with ``--enable-dev-endpoints`` ``POST /collective_rpc``. ``--api-key`` protects
+``/v1/*``, ``/pooling`` and the dev endpoints. The app's lifespan starts the engine
 if it is not running yet, initialises endpoint plugins, and shuts the engine down at exit.
 """
 
@@ -19,7 +20,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.core import __version__
 from engine.core.client.async_llm import AsyncLLM
-from engine.server import basic, chat, completions, dev, metrics, tokenize
+from engine.core.io_processing import load_io_processor
+from engine.server import basic, chat, completions, dev, metrics, pooling, tokenize
 from engine.server.endpoints import (
     LoadedEndpoint,
     attach_endpoint_plugins,
@@ -55,13 +57,14 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
 
     Raises:
         PluginError: an endpoint plugin failed to load, or its routes clash with existing
-            ones (the message names both).
+            ones (the message names both); the ``--io-processor`` failed to load or
+            construct.
     """
     args = args or ServerArgs()
     registry = CollectorRegistry()
     state = ServerState(engine=engine, args=args,
                         model_names=args.served_model_names or (engine.model_name,),
-                        metrics=registry)
+                        metrics=registry, io_processor=load_io_processor(engine.setup))
     engine.add_stat_logger("prometheus",
                            lambda ctx: metrics.PrometheusStatLogger(ctx, registry))
     loaded: list[LoadedEndpoint] = []
@@ -79,13 +82,13 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
     app = FastAPI(title="engine", version=__version__, lifespan=lifespan)
     app.state.server = state
     install_error_handlers(app)
-    for module in (completions, chat, basic, tokenize, metrics):
+    for module in (completions, chat, basic, tokenize, metrics, pooling):
         app.include_router(module.router)
     if args.enable_dev_endpoints:
         app.include_router(dev.router)
     if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key,
-                           paths=dev.PATHS if args.enable_dev_endpoints else ())
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key, paths=(
+            pooling.PATH, *(dev.PATHS if args.enable_dev_endpoints else ())))
     if args.enable_endpoint_plugins:
         loaded.extend(attach_endpoint_plugins(app, engine.setup.catalog))
     return app

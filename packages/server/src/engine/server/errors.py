@@ -7,8 +7,13 @@
                                    (``validate_params``)
  401   ``authentication_error``    ``--api-key`` set and the request lacks it (/v1/*)
  404   ``invalid_request_error``   unknown model (code ``model_not_found``) or route
+                                   (``POST /pooling`` without ``--io-processor``:
+                                   code ``io_processor_not_enabled``)
  503   ``server_error``            the engine is dead or shutting down
- 500   ``server_error``            a bug (logged with its traceback)
+ 500   ``server_error``            a plugin failed while serving this request (code
+                                   ``plugin_error``; the message names the plugin,
+                                   its group and distribution), or a bug (code
+                                   ``internal_error``, logged with its traceback)
 =====  ==========================  =================================================
 """
 
@@ -24,7 +29,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from engine.core.messages import EngineDeadError
-from engine.sdk.errors import ValidationError
+from engine.sdk.errors import PluginError, ValidationError
 
 logger = logging.getLogger("engine.server")
 
@@ -67,6 +72,9 @@ def to_api_error(exc: BaseException) -> APIError:
         return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, EngineDeadError):
         return APIError(503, f"the engine is not available: {exc}", code="engine_unavailable")
+    if isinstance(exc, PluginError):
+        logger.error("a plugin failed while serving a request: %s", exc, exc_info=exc)
+        return APIError(500, str(exc), code="plugin_error")
     logger.error("internal error while serving a request", exc_info=exc)
     return APIError(500, f"internal server error: {type(exc).__name__}: {exc}",
                     code="internal_error")
@@ -122,6 +130,11 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(EngineDeadError)
     async def _dead(request: Request, exc: EngineDeadError) -> JSONResponse:
+        error = to_api_error(exc)
+        return error_response(error.status, error.message, code=error.code)
+
+    @app.exception_handler(PluginError)
+    async def _plugin(request: Request, exc: PluginError) -> JSONResponse:
         error = to_api_error(exc)
         return error_response(error.status, error.message, code=error.code)
 

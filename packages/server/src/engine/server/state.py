@@ -10,6 +10,7 @@ from typing import Any
 from fastapi import Request
 
 from engine.core.client.async_llm import AsyncLLM
+from engine.core.io_processing import IOProcessorHandle
 from engine.server.errors import APIError
 
 
@@ -40,6 +41,8 @@ class ServerState:
     model_names: tuple[str, ...]
     created: int = field(default_factory=lambda: int(time.time()))
     metrics: Any = None
+    #: The ``--io-processor`` served on ``POST /pooling`` (None: the route answers 404).
+    io_processor: IOProcessorHandle | None = None
 
     @property
     def model_name(self) -> str:

@@ -14,8 +14,9 @@ through an :class:`~engine.core.client.EngineCoreClient`, whichever transport th
 One output-handler task reads the client's ``StepOutputs``, applies them to the
 ``OutputProcessor``, ends stop-string choices in EngineCore (``finish_requests(...,
 FINISHED_STOPPED)``), wakes the requests whose output changed, and feeds one
-``IterationStats`` per step to every stat logger. If EngineCore dies, every request in
-flight and every later call fails with ``EngineDeadError``.
+``IterationStats`` per step to every stat logger (``shutdown()`` tells each logger once
+that the engine stopped). If EngineCore dies, every request in flight and every later
+call fails with ``EngineDeadError``.
 """
 
 from __future__ import annotations
@@ -30,29 +31,29 @@ from typing import Any, Union
 from engine.core.client.core_client import EngineCoreClient
 from engine.core.client.iteration_stats import IterationStatsTracker
 from engine.core.client.request_stream import RequestStream
-from engine.core.client.stat_loggers import LoggingStatLogger, StatLoggerSet
+from engine.core.client.stat_loggers import (
+    StatLoggerFactory,
+    StatLoggerSet,
+    make_stat_loggers,
+    stat_logger_context,
+)
 from engine.core.config import EngineConfig
 from engine.core.frontend.front_end import FrontEndParts
 from engine.core.frontend.input_processor import PromptType
 from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
 from engine.core.outputs import RequestOutput
-from engine.core.plugin_construction import construct_plugin
 from engine.core.startup import EngineSetup, prepare
 from engine.core.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
 from engine.sdk.groups import STAT_LOGGERS
-from engine.sdk.plugin import PluginOptions
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import RequestStatus
-from engine.sdk.stat_logger import StatLogger, StatLoggerContext
 from engine.sdk.stats import SchedulerStats
 
 logger = logging.getLogger("engine.core")
 
 #: Builds the transport from the resolved setup and the EOS token id.
 CoreClientFactory = Callable[[EngineSetup, Union[int, None]], EngineCoreClient]
-#: Builds a stat logger from its context (a ``StatLogger`` subclass fits).
-StatLoggerFactory = Callable[[StatLoggerContext], StatLogger]
 
 
 def in_process_client(setup: EngineSetup, eos_token_id: int | None) -> EngineCoreClient:
@@ -152,7 +153,9 @@ class AsyncLLM:
         plugin_classes = self.setup.catalog.load_group(STAT_LOGGERS)
         self.info = await self.client.start()
         try:
-            self.stat_loggers = StatLoggerSet(self._make_stat_loggers(plugin_classes))
+            self.stat_loggers = make_stat_loggers(
+                self.setup, self.info, plugin_classes=plugin_classes,
+                factories=self._stat_logger_factories, log_stats=self._log_stats)
         except BaseException:
             await self.client.shutdown()
             raise
@@ -166,47 +169,28 @@ class AsyncLLM:
         if self.info is None:
             self._stat_logger_factories[name] = factory
         else:
-            self.stat_loggers.loggers[name] = factory(self._stat_logger_context(name))
-
-    def _stat_logger_context(self, name: str, options: PluginOptions | None = None,
-                             ) -> StatLoggerContext:
-        info = self.info
-        assert info is not None, "stat logger contexts are made once EngineCore is up"
-        return StatLoggerContext(
-            plugin_name=name, options=options or PluginOptions(), process="frontend",
-            model=self.model_name, max_model_len=info.max_model_len,
-            num_kv_blocks=info.num_kv_blocks, block_size=info.block_size)
-
-    def _make_stat_loggers(self, plugin_classes: Mapping[str, type[StatLogger]],
-                           ) -> list[tuple[str, StatLogger]]:
-        context = self._stat_logger_context
-        loggers: list[tuple[str, StatLogger]] = []
-        if self._log_stats:
-            loggers.append(("logging", LoggingStatLogger(context("logging"))))
-        for name, factory in self._stat_logger_factories.items():
-            loggers.append((name, factory(context(name))))
-        for name, cls in plugin_classes.items():
-            loggers.append((name, self._construct_stat_logger(name, cls)))
-        return loggers
-
-    def _construct_stat_logger(self, name: str, cls: type[StatLogger]) -> StatLogger:
-        def make(options: PluginOptions) -> StatLogger:
-            return cls(self._stat_logger_context(name, options))
-
-        return construct_plugin(self.setup, STAT_LOGGERS, name, cls, make)
+            self.stat_loggers.loggers[name] = factory(
+                stat_logger_context(self.setup, self.info, name))
 
     async def shutdown(self) -> None:
-        """Stop EngineCore; requests in flight end with ``EngineDeadError``. Idempotent."""
+        """Stop EngineCore; requests in flight end with ``EngineDeadError``. Idempotent.
+
+        Then every stat logger's ``shutdown()`` is called, once (after its last
+        ``record``), so it can flush what it buffered.
+        """
         if self._shutting_down:
             return
         self._shutting_down = True
-        await self.client.shutdown()
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
+        try:
+            await self.client.shutdown()
+            for task in self._tasks:
+                task.cancel()
+            for task in self._tasks:
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
+        finally:
+            self.stat_loggers.shutdown()
 
     # -- requests --------------------------------------------------------------------------
 

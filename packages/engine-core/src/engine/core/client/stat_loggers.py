@@ -9,18 +9,28 @@
   usage and prefix-cache hit rate.
 
 ``StatLoggerSet`` hands each step's stats to every logger (built-ins, the server's
-Prometheus logger, ``engine.stat_loggers`` plugins). A logger that raises is logged once
-with its name and skipped for that call; requests never fail because of a stat logger.
+Prometheus logger, ``engine.stat_loggers`` plugins), under ``AsyncLLM`` and ``LLMEngine``
+alike, and calls every logger's ``shutdown()`` once when the engine stops. A logger that
+raises is logged once with its name and skipped for that call; requests never fail
+because of a stat logger. :func:`make_stat_loggers` builds the set both front ends use.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 
+from engine.core.messages import EngineInfo
+from engine.core.plugin_construction import construct_plugin
+from engine.core.startup import EngineSetup
+from engine.sdk.groups import STAT_LOGGERS
+from engine.sdk.plugin import PluginOptions
 from engine.sdk.stat_logger import StatLogger, StatLoggerContext
 from engine.sdk.stats import IterationStats, SchedulerStats
+
+#: Builds a stat logger from its context (a ``StatLogger`` subclass fits).
+StatLoggerFactory = Callable[[StatLoggerContext], StatLogger]
 
 logger = logging.getLogger("engine.stats")
 
@@ -84,6 +94,7 @@ class StatLoggerSet:
     def __init__(self, loggers: Sequence[tuple[str, StatLogger]]) -> None:
         self.loggers = dict(loggers)
         self._failed: set[tuple[str, str]] = set()
+        self._shut_down = False
 
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
@@ -97,6 +108,13 @@ class StatLoggerSet:
     def log_engine_initialized(self) -> None:
         """Tell every logger the engine is ready."""
         self._call_each("log_engine_initialized")
+
+    def shutdown(self) -> None:
+        """Call every logger's ``shutdown()``: once per logger, later calls do nothing."""
+        if self._shut_down:
+            return
+        self._shut_down = True
+        self._call_each("shutdown")
 
     def _call_each(self, method: str, *args: object) -> None:
         for name, stat_logger in self.loggers.items():
@@ -112,3 +130,44 @@ class StatLoggerSet:
         self._failed.add((name, method))
         logger.exception("stat logger %r raised in %s(); its stats for this step are lost "
                          "(further errors are logged at DEBUG)", name, method)
+
+
+def stat_logger_context(setup: EngineSetup, info: EngineInfo, name: str,
+                        options: PluginOptions | None = None) -> StatLoggerContext:
+    """The context of stat logger ``name`` of the engine ``info`` describes."""
+    return StatLoggerContext(
+        plugin_name=name, options=options or PluginOptions(), process="frontend",
+        model=setup.source.display_name, max_model_len=info.max_model_len,
+        num_kv_blocks=info.num_kv_blocks, block_size=info.block_size)
+
+
+def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
+                      plugin_classes: Mapping[str, type[StatLogger]],
+                      factories: Mapping[str, StatLoggerFactory] | None = None,
+                      log_stats: bool = False) -> StatLoggerSet:
+    """Every stat logger of one engine, built once EngineCore is up.
+
+    Args:
+        setup: The engine's setup (plugin options, catalog).
+        info: What EngineCore reported (KV blocks, block size).
+        plugin_classes: The ``engine.stat_loggers`` classes, loaded before EngineCore
+            started (``setup.catalog.load_group(STAT_LOGGERS)``).
+        factories: More loggers by name (the server's Prometheus logger).
+        log_stats: Add the built-in :class:`LoggingStatLogger` as ``logging``.
+
+    Raises:
+        PluginError: a plugin's options are invalid or its constructor raised, naming it.
+    """
+    loggers: list[tuple[str, StatLogger]] = []
+    if log_stats:
+        loggers.append(("logging", LoggingStatLogger(stat_logger_context(setup, info,
+                                                                         "logging"))))
+    for name, factory in (factories or {}).items():
+        loggers.append((name, factory(stat_logger_context(setup, info, name))))
+    for name, cls in plugin_classes.items():
+        def make(options: PluginOptions, name: str = name, cls: type[StatLogger] = cls,
+                 ) -> StatLogger:
+            return cls(stat_logger_context(setup, info, name, options))
+
+        loggers.append((name, construct_plugin(setup, STAT_LOGGERS, name, cls, make)))
+    return StatLoggerSet(loggers)

@@ -115,14 +115,23 @@ class SyncCoreClient:
         Raises:
             EngineDeadError: EngineCore died or was shut down.
         """
+        step = self.step_outputs(timeout)
+        return [] if step is None else list(step.outputs)
+
+    def step_outputs(self, timeout: float = STEP_POLL_S) -> StepOutputs | None:
+        """The next engine step with its scheduler stats; ``None`` if none came in time.
+
+        Raises:
+            EngineDeadError: EngineCore died or was shut down.
+        """
         try:
             item = self._steps.get(timeout=timeout)
         except queue.Empty:
-            return []
+            return None
         if isinstance(item, BaseException):
             self._steps.put(item)  # every later call sees the same end
             raise item
-        return list(item.outputs)
+        return item
 
     def make_stats(self) -> SchedulerStats:
         """EngineCore's current scheduler stats."""

@@ -4,6 +4,11 @@ EngineCore owns the scheduler (with its policy and the KV-cache manager) and the
 :class:`~engine.core.executor.Executor` that runs the workers (in this process, in worker
 processes, or as Ray actors). It exchanges only SDK data contracts with both, so where the
 workers run changes nothing here.
+
+With ``--kv-connector NAME`` it also builds the connector's scheduler side, after the
+executor has sized the KV cache (each worker builds its own worker side then), and hands
+it to the scheduler in ``SchedulerContext.kv_connector``; the connector class is loaded
+first, so an unknown or broken connector stops start-up before any weight is read.
 """
 
 from __future__ import annotations
@@ -14,8 +19,16 @@ from typing import Any
 
 from engine.core.engine.scheduler_factory import make_scheduler
 from engine.core.executor import Executor, make_executor
+from engine.core.kv_connectors import (
+    construct_kv_connector_side,
+    kv_connector_context,
+    kv_connector_options,
+    load_kv_connector,
+    scheduler_geometry,
+)
 from engine.core.messages import EngineInfo
 from engine.core.startup import EngineSetup
+from engine.sdk.kv_connector import KVConnectorRole, KVConnectorScheduler
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
 
@@ -35,13 +48,26 @@ class EngineCore:
     def __init__(self, setup: EngineSetup, *, eos_token_id: int | None,
                  executor: Executor | None = None) -> None:
         self.setup = setup
+        connector_cls = load_kv_connector(setup)  # fails before the workers load weights
+        connector_options = (kv_connector_options(setup, connector_cls)
+                             if connector_cls is not None else None)
         self.executor = executor or make_executor(setup, eos_token_id=eos_token_id)
+        self.kv_connector: KVConnectorScheduler | None = None
         try:
             # Every rank's cache has one more block than the scheduler hands out: block 0
             # is the null block.
             self.num_blocks = self.executor.num_blocks - 1
-            self.scheduler = make_scheduler(setup, self.num_blocks)
+            if connector_cls is not None and connector_options is not None:
+                ctx = kv_connector_context(
+                    setup, KVConnectorRole.SCHEDULER,
+                    scheduler_geometry(setup, self.executor.num_blocks), connector_options)
+                side = construct_kv_connector_side(setup, connector_cls, ctx)
+                assert isinstance(side, KVConnectorScheduler)
+                self.kv_connector = side
+            self.scheduler = make_scheduler(setup, self.num_blocks,
+                                            kv_connector=self.kv_connector)
         except BaseException:
+            self._shutdown_connector()
             self.executor.shutdown()
             raise
 
@@ -126,8 +152,20 @@ class EngineCore:
         return self.scheduler.reset_prefix_cache()
 
     def shutdown(self) -> None:
-        """Stop the scheduler and the workers (idempotent)."""
+        """Stop the scheduler, the connector's scheduler side and the workers (idempotent)."""
         try:
             self.scheduler.shutdown()
         finally:
-            self.executor.shutdown()
+            try:
+                self._shutdown_connector()
+            finally:
+                self.executor.shutdown()
+
+    def _shutdown_connector(self) -> None:
+        connector, self.kv_connector = self.kv_connector, None
+        if connector is not None:
+            try:
+                connector.shutdown()
+            except Exception:
+                logger.exception("KV connector %r: shutdown of its scheduler side failed",
+                                 self.setup.config.kv_connector)

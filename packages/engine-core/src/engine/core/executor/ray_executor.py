@@ -156,8 +156,8 @@ class RayExecutor(Executor):
         else:
             cpus = max(os.cpu_count() or 1, self.world_size)
             logger.info("starting a local Ray instance (%d CPUs)", cpus)
+            self._started_ray = True  # also when init fails half-way: shutdown() cleans up
             ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
-            self._started_ray = True
 
     def _get(self, rank: int, ref: Any, *, starting: bool = False) -> Any:
         """``ray.get(ref)``, raising a death as soon as it is seen, naming the rank."""
@@ -248,4 +248,7 @@ class RayExecutor(Executor):
                 except Exception:  # noqa: BLE001 - already gone
                     pass
         if self._started_ray:
-            ray.shutdown()
+            try:
+                ray.shutdown()
+            except Exception:
+                logger.exception("stopping the local Ray instance failed")

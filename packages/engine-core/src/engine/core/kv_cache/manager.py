@@ -25,6 +25,11 @@ The first allocation of a request is its admission: its prefix-cache lookup is c
 the stats then (a request waiting at the head of the queue is looked up every step, but
 counted once). ``get_computed_blocks`` never returns the whole sequence: at least its last
 token is recomputed, because sampling needs the logits at that position.
+
+A KV connector that loads blocks *asynchronously* fills them after the step that allocated
+them, so those blocks must not be found by other requests before the load completes:
+``allocate_slots(..., delay_caching=True)`` skips stage 3, and :meth:`KVCacheManager.cache_blocks`
+registers them once the load is reported done.
 """
 
 from __future__ import annotations
@@ -134,14 +139,19 @@ class KVCacheManager:
         request: KVCacheRequest,
         num_new_tokens: int,
         new_computed_blocks: Sequence[KVCacheBlock] = (),
+        *,
+        delay_caching: bool = False,
     ) -> list[KVCacheBlock] | None:
         """Give ``request`` room for ``num_new_tokens`` more tokens (see the module header).
 
         Args:
             request: The request; ``num_computed_tokens`` excludes ``new_computed_blocks``.
-            num_new_tokens: Tokens to compute this step.
+            num_new_tokens: Tokens to compute (or load through a KV connector) this step.
             new_computed_blocks: Prefix-cache hits from :meth:`get_computed_blocks`, only
                 on the request's first allocation (admission).
+            delay_caching: Do not register the new full blocks in the prefix cache now
+                (their KV arrives later: an asynchronous connector load); call
+                :meth:`cache_blocks` when it has arrived.
 
         Returns:
             The newly allocated blocks (hits excluded; possibly empty), or None when the
@@ -163,12 +173,22 @@ class KVCacheManager:
             blocks.extend(new_computed_blocks)
         new_blocks = self.block_pool.get_new_blocks(num_needed) if num_needed else []
         blocks.extend(new_blocks)
-        if self.enable_prefix_caching:
+        if self.enable_prefix_caching and not delay_caching:
             num_computed = request.num_computed_tokens + len(new_computed_blocks) * self.block_size
-            num_known_tokens = min(num_computed + num_new_tokens, request.num_tokens)
-            if num_known_tokens // self.block_size > self._req_to_num_cached_blocks[request_id]:
-                self._cache_full_blocks(request, blocks, num_known_tokens // self.block_size)
+            self.cache_blocks(request, num_computed + num_new_tokens)
         return new_blocks
+
+    def cache_blocks(self, request: KVCacheRequest, num_tokens: int) -> None:
+        """Register the request's blocks that are full within its first ``num_tokens`` tokens.
+
+        Blocks registered earlier are skipped; unknown requests are ignored.
+        """
+        blocks = self._req_to_blocks.get(request.request_id)
+        if blocks is None or not self.enable_prefix_caching:
+            return
+        num_full_blocks = min(num_tokens, request.num_tokens) // self.block_size
+        if num_full_blocks > self._req_to_num_cached_blocks[request.request_id]:
+            self._cache_full_blocks(request, blocks, num_full_blocks)
 
     def free(self, request: KVCacheRequest, num_valid_tokens: int | None = None) -> None:
         """Release the request's blocks, tail first (a shared prefix is evicted last).
@@ -196,6 +216,15 @@ class KVCacheManager:
     def get_block_ids(self, request_id: str) -> list[int]:
         """Ids of the blocks ``request_id`` holds, in sequence order (its block table)."""
         return [block.block_id for block in self._req_to_blocks.get(request_id, ())]
+
+    def record_external_hits(self, num_tokens: int) -> None:
+        """Count tokens a KV connector supplied at an admission as prefix-cache hits.
+
+        Stats only (``make_prefix_cache_stats``), kept with prefix caching on: the lookup
+        that found them was counted at the same admission.
+        """
+        if self.enable_prefix_caching:
+            self._num_hit_tokens += num_tokens
 
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
         """Lookups since the previous call (counted at each request's admission)."""

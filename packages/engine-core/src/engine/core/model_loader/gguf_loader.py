@@ -21,6 +21,11 @@ Weights come out exactly as ``transformers`` would load them from the same file:
 
 Tied embeddings: a file without ``output.weight`` yields no ``lm_head.weight``; the config
 says ``tie_word_embeddings=True``.
+
+With ``packed=True`` (the ``gguf`` quantization method, ``--quantization gguf``) matrices
+skip steps 2, 3 and 5: they are yielded as their stored bytes, ``uint8 [rows, row_bytes]``
+(rows still un-permuted for ``attn_q``/``attn_k``: rows are whole in every block format),
+and :func:`gguf_quantization_settings` tells the method each matrix's type.
 """
 
 from __future__ import annotations
@@ -174,8 +179,41 @@ def load_gguf_config(path: str | os.PathLike[str]) -> PretrainedConfig:
     return gguf_config_from_reader(open_gguf(path))
 
 
+def is_packed_matrix(tensor: ReaderTensor) -> bool:
+    """Whether ``--quantization gguf`` keeps ``tensor`` in its storage format.
+
+    Matrices (``.weight`` with two dimensions: linear layers and the embedding) are kept;
+    norms and biases are always dequantized.
+    """
+    return tensor.name.endswith(".weight") and len(tensor.shape) == 2
+
+
+def packed_tensor(tensor: ReaderTensor) -> torch.Tensor:
+    """The stored bytes of a GGUF matrix: ``uint8 [rows, row_bytes]`` (a copy)."""
+    data = np.ascontiguousarray(tensor.data)
+    rows = hf_shape(tensor)[0]
+    return torch.from_numpy(data.view(np.uint8).reshape(rows, -1).copy())
+
+
+def gguf_quantization_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """The ``gguf`` quantization settings of a file: each matrix's storage type.
+
+    Returns:
+        ``{"quant_method": "gguf", "tensor_types": {hf_module_name: type_name}}`` (module
+        names without ``.weight``, e.g. ``"model.layers.0.self_attn.q_proj": "Q4_1"``).
+
+    Raises:
+        UnsupportedError: A tensor has no Hugging Face name.
+    """
+    reader = open_gguf(path)
+    types = {gguf_to_hf_name(t.name).removesuffix(".weight"): t.tensor_type.name
+             for t in reader.tensors if is_packed_matrix(t)}
+    return {"quant_method": "gguf", "tensor_types": types}
+
+
 def iter_gguf_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype, *, progress: bool = True
+    path: str | os.PathLike[str], dtype: torch.dtype, *, progress: bool = True,
+    packed: bool = False,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Yield ``(hf_name, tensor)`` for every tensor of a GGUF file, dequantized.
 
@@ -183,6 +221,9 @@ def iter_gguf_weights(
         path: The ``.gguf`` file.
         dtype: The dtype of every yielded tensor (values are dequantized in float32 first).
         progress: Show a tqdm progress bar on stderr.
+        packed: Yield matrices (:func:`is_packed_matrix`) as their stored bytes
+            (:func:`packed_tensor`, rows still un-permuted for ``attn_q``/``attn_k``)
+            instead of dequantized, for ``--quantization gguf``.
 
     Yields:
         Hugging Face parameter names and tensors, in file order.
@@ -193,7 +234,8 @@ def iter_gguf_weights(
     """
     reader = open_gguf(path)
     arch, mapping = gguf_architecture(reader)
-    check_supported_types(reader)
+    if not packed:
+        check_supported_types(reader)
     num_heads = int(get_value(reader, f"{arch}.attention.head_count"))
     num_kv_heads = int(get_value(reader, f"{arch}.attention.head_count_kv", num_heads))
     bar = tqdm(
@@ -201,12 +243,13 @@ def iter_gguf_weights(
     )
     names = [gguf_to_hf_name(tensor.name) for tensor in reader.tensors]  # fail before loading
     for name, tensor in zip(names, bar, strict=True):
-        weight = dequantize_tensor(tensor)
+        keep = packed and is_packed_matrix(tensor)
+        weight = packed_tensor(tensor) if keep else dequantize_tensor(tensor)
         if mapping.permutes_qk and ".attn_q." in tensor.name:
             weight = unpermute_qk(weight, num_heads)
         elif mapping.permutes_qk and ".attn_k." in tensor.name:
             weight = unpermute_qk(weight, num_kv_heads)
-        yield name, weight.to(dtype)
+        yield name, weight if keep else weight.to(dtype)
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,13 @@ def load_config(source: ModelSource) -> PretrainedConfig:
 
 
 def iter_weights(
-    source: ModelSource, dtype: torch.dtype, progress: bool = True
+    source: ModelSource, dtype: torch.dtype, progress: bool = True, *,
+    packed_gguf: bool = False,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Yield the model's ``(hf_name, tensor)`` pairs, cast to ``dtype``.
 
-    GGUF weights are dequantized and renamed to Hugging Face names; see
+    GGUF weights are dequantized (or, with ``packed_gguf``, matrices kept as their stored
+    bytes for the ``gguf`` quantization method) and renamed to Hugging Face names; see
     :func:`~engine.core.model_loader.gguf_loader.iter_gguf_weights` and
     :func:`~engine.core.model_loader.hf_loader.iter_safetensors_weights`.
 
@@ -130,7 +132,10 @@ def iter_weights(
         source: From :func:`resolve_model`.
         dtype: Target dtype of floating-point weights.
         progress: Show a tqdm progress bar.
+        packed_gguf: Keep a GGUF file's matrices packed (ignored for Hugging Face
+            directories).
     """
     if source.kind == "gguf":
-        return iter_gguf_weights(source.weights_path, dtype, progress=progress)
+        return iter_gguf_weights(source.weights_path, dtype, progress=progress,
+                                 packed=packed_gguf)
     return iter_safetensors_weights(source.path, dtype, progress=progress)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from engine.sdk.kv_connector import KVConnectorScheduler
 from engine.sdk.scheduler import EngineRequest, SchedulerContext
 
 
@@ -12,7 +13,8 @@ def validate_context(ctx: SchedulerContext) -> None:
         ValueError: A size is not positive; the KV cache cannot hold one sequence of
             ``max_model_len`` tokens (it could never finish alone); chunked prefill is off
             and ``max_num_batched_tokens < max_model_len`` (a long sequence, e.g. one
-            resumed after preemption, could never be scheduled); a KV connector is set.
+            resumed after preemption, could never be scheduled); ``kv_connector`` is not a
+            ``KVConnectorScheduler``.
     """
     for name in (
         "block_size",
@@ -38,10 +40,10 @@ def validate_context(ctx: SchedulerContext) -> None:
             "or a long sequence could never be scheduled; raise max_num_batched_tokens, "
             "lower max_model_len or enable chunked prefill"
         )
-    if ctx.kv_connector is not None:
+    if ctx.kv_connector is not None and not isinstance(ctx.kv_connector, KVConnectorScheduler):
         raise ValueError(
-            "scheduler: the default scheduler does not support KV connectors yet; "
-            "unset --kv-connector"
+            f"scheduler: kv_connector must be the scheduler side of a KV connector (a "
+            f"KVConnectorScheduler), got {type(ctx.kv_connector).__qualname__}"
         )
 
 

@@ -26,14 +26,23 @@ is one token behind; a prompt may take several steps). One ``schedule()``:
 tokens (a partial prefill chunk samples nothing), applies the stop conditions (see
 ``engine.core.scheduler.request``), frees finished requests' blocks and reports them to
 the workers in the next step's ``finished_req_ids``.
+
+With a KV connector (``ctx.kv_connector``), admission in step 2 also asks the connector how
+many tokens past the local prefix-cache hits it can supply: they count as computed (the
+workers load them before the forward pass), or, when the connector loads them
+asynchronously, the request takes its blocks and waits outside the queue until a worker
+reports the load (``ModelRunnerOutput.finished_recving``). Each ``schedule()`` ends with
+the connector's metadata for the step; a finished request's blocks may be held until a
+worker reports its save (``finished_sending``). See ``engine.core.scheduler._connector``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from engine.core.kv_cache import KVCacheBlock, KVCacheManager
+from engine.core.scheduler._connector import KVConnectorBridge
 from engine.core.scheduler._validation import validate_context, validate_request
 from engine.core.scheduler.policies import FCFSPolicy
 from engine.core.scheduler.request import Request
@@ -66,6 +75,17 @@ class _Step:
     preempted_req_ids: set[str] = field(default_factory=set)
 
 
+@dataclass(frozen=True)
+class _Lookup:
+    """What a waiting request finds computed at admission."""
+
+    hit_blocks: list[KVCacheBlock]
+    num_local_tokens: int  # prefix-cache hits, or tokens an asynchronous load brought
+    num_external_tokens: int = 0  # offered by the KV connector and taken
+    load_async: bool = False
+    asked_connector: bool = False
+
+
 class Scheduler(SchedulerInterface):
     """The default scheduler: token budget, chunked prefill, prefix caching, recompute.
 
@@ -75,7 +95,7 @@ class Scheduler(SchedulerInterface):
 
     Raises:
         ValueError: The context is inconsistent (e.g. the KV cache cannot hold one
-            ``max_model_len`` sequence), or asks for a KV connector (not supported yet).
+            ``max_model_len`` sequence).
     """
 
     def __init__(self, ctx: SchedulerContext) -> None:
@@ -101,6 +121,10 @@ class Scheduler(SchedulerInterface):
         self._running: list[Request] = []
         self._waiting = WaitingQueue(self.policy)
         self._finished_req_ids: set[str] = set()
+        self._connector = (KVConnectorBridge(ctx.kv_connector)
+                           if ctx.kv_connector is not None else None)
+        # Waiting requests holding blocks an asynchronous connector load filled.
+        self._parked: dict[str, Request] = {}
         self._num_added = 0
         self._num_preemptions = 0  # since the last make_stats()
 
@@ -118,8 +142,12 @@ class Scheduler(SchedulerInterface):
 
     @property
     def num_waiting_reqs(self) -> int:
-        """Requests waiting (new or preempted)."""
-        return len(self._waiting)
+        """Requests waiting (new, preempted, or loading through the KV connector)."""
+        return len(self._waiting) + self._num_loading
+
+    @property
+    def _num_loading(self) -> int:
+        return len(self._connector.loading) if self._connector is not None else 0
 
     def get_request(self, request_id: str) -> Request | None:
         """The unfinished request with this id, or None."""
@@ -130,8 +158,13 @@ class Scheduler(SchedulerInterface):
         return len(self._requests)
 
     def has_finished_requests(self) -> bool:
-        """True when finished ids are pending delivery to the workers."""
-        return bool(self._finished_req_ids)
+        """True when finished ids are pending delivery to the workers.
+
+        Also while finished requests hold blocks for the KV connector: steps must go on
+        (empty ones) until the workers report those transfers.
+        """
+        return bool(self._finished_req_ids) or (
+            self._connector is not None and self._connector.num_held > 0)
 
     # -- requests in and out ---------------------------------------------------------
 
@@ -142,7 +175,9 @@ class Scheduler(SchedulerInterface):
             ValueError: The id is already known, the prompt is empty, or it is longer
                 than ``max_model_len``.
         """
-        validate_request(request, self.ctx.max_model_len, request.request_id in self._requests)
+        request_id = request.request_id
+        validate_request(request, self.ctx.max_model_len, request_id in self._requests or (
+            self._connector is not None and self._connector.is_held(request_id)))
         self._num_added += 1
         internal = Request(request, self.ctx.max_model_len, seq=self._num_added)
         self._requests[internal.request_id] = internal
@@ -165,11 +200,10 @@ class Scheduler(SchedulerInterface):
                 continue
             if request.status is RequestStatus.RUNNING:
                 num_running_finished += 1
-            else:
-                self._waiting.remove(request)
+            elif self._connector is None or request_id not in self._connector.loading:
+                self._waiting.remove(request)  # (a loading request is not in the queue)
             request.status = status
-            self.kv_cache_manager.free(request)
-            self._finished_req_ids.add(request_id)
+            self._free_request(request)
         if num_running_finished:
             self._running = [r for r in self._running if not r.status.is_finished]
 
@@ -182,6 +216,8 @@ class Scheduler(SchedulerInterface):
         if not step.preempted_req_ids:
             self._schedule_waiting(step)
         output = self._build_output(step)
+        if self._connector is not None:
+            output = replace(output, kv_connector_metadata=self._connector.build_meta(output))
         requests = self._requests
         for request_id, num_tokens in step.num_scheduled_tokens.items():
             requests[request_id].num_computed_tokens += num_tokens
@@ -249,31 +285,98 @@ class Scheduler(SchedulerInterface):
         max_num_seqs = self.ctx.max_num_seqs
         while self._waiting and step.token_budget > 0 and len(self._running) < max_num_seqs:
             request = self._waiting.peek()
-            # Prompt logprobs need every prompt position computed: no prefix-cache hits.
-            if request.sampling_params.prompt_logprobs is None:
-                hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
-            else:
-                hit_blocks, num_hit_tokens = [], 0
-            num_new_tokens = request.num_tokens - num_hit_tokens
+            found = self._lookup(request)
+            if found.load_async:
+                if not self._start_async_load(request, found, step):
+                    break
+                continue
+            num_computed = found.num_local_tokens + found.num_external_tokens
+            num_new_tokens = request.num_tokens - num_computed
             if num_new_tokens > step.token_budget:
                 if not self.ctx.enable_chunked_prefill:
                     break
                 num_new_tokens = step.token_budget
-            if not kv.can_allocate(request, num_new_tokens, hit_blocks):
-                break
+            # External tokens need blocks too; the workers load them before the forward.
+            num_to_allocate = found.num_external_tokens + num_new_tokens
+            if not kv.can_allocate(request, num_to_allocate, found.hit_blocks):
+                if not self._unpark_for(request):
+                    break
+                continue
             if not self.policy.can_admit(request, self._state(step)):
                 break
-            if kv.allocate_slots(request, num_new_tokens, hit_blocks) is None:
+            if kv.allocate_slots(request, num_to_allocate, found.hit_blocks) is None:
                 raise RuntimeError("KV-cache allocation failed after can_allocate agreed")
             self._waiting.pop()
+            request.num_computed_tokens = found.num_local_tokens
+            if found.asked_connector and self._connector is not None:
+                self._connector.after_alloc(request, kv.get_block_ids(request.request_id),
+                                            found.num_external_tokens)
+                kv.record_external_hits(found.num_external_tokens)
             request.status = RequestStatus.RUNNING
-            request.num_computed_tokens = num_hit_tokens
+            request.num_computed_tokens = num_computed
             if request.num_preemptions == 0:
-                request.num_cached_tokens = num_hit_tokens
+                request.num_cached_tokens = num_computed
+            self._parked.pop(request.request_id, None)
             self._running.append(request)
             step.new_reqs.append(request)
             step.num_scheduled_tokens[request.request_id] = num_new_tokens
             step.token_budget -= num_new_tokens
+
+    def _lookup(self, request: Request) -> _Lookup:
+        """Tokens of a waiting request already available: local hits, then the connector's."""
+        kv = self.kv_cache_manager
+        if kv.get_blocks(request.request_id):  # its asynchronous load has completed
+            return _Lookup([], request.num_computed_tokens)
+        # Prompt logprobs need every prompt position computed: no hits of either kind.
+        if request.sampling_params.prompt_logprobs is not None:
+            return _Lookup([], 0)
+        hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
+        if self._connector is None:
+            return _Lookup(hit_blocks, num_hit_tokens)
+        num_external, load_async = self._connector.match(request, num_hit_tokens)
+        return _Lookup(hit_blocks, num_hit_tokens, num_external, load_async, True)
+
+    def _unpark_for(self, request: Request) -> bool:
+        """Free the blocks of parked requests when nothing else could make room.
+
+        A request whose asynchronous load completed waits holding its blocks; if the head
+        of the queue cannot get blocks while nothing runs (so nothing will finish or be
+        preempted), those blocks go back to the pool (their content stays in the prefix
+        cache) and the parked requests look up their tokens again when admitted.
+
+        Returns:
+            True if blocks were freed (try the allocation again).
+        """
+        others = [r for r in self._parked.values() if r is not request]
+        if self._running or not others:
+            return False
+        for parked in others:
+            del self._parked[parked.request_id]
+            self.kv_cache_manager.free(parked)
+            parked.num_computed_tokens = 0
+        return True
+
+    def _start_async_load(self, request: Request, found: _Lookup, step: _Step) -> bool:
+        """Give ``request`` blocks for its external tokens and park it until they arrive.
+
+        Returns False (nothing changed) when the blocks or the policy say not now.
+        """
+        kv, connector = self.kv_cache_manager, self._connector
+        assert connector is not None  # load_async comes from the connector
+        num_external = found.num_external_tokens
+        if not kv.can_allocate(request, num_external, found.hit_blocks):
+            return False
+        if not self.policy.can_admit(request, self._state(step)):
+            return False
+        if kv.allocate_slots(request, num_external, found.hit_blocks,
+                             delay_caching=True) is None:
+            raise RuntimeError("KV-cache allocation failed after can_allocate agreed")
+        self._waiting.pop()
+        request.num_computed_tokens = found.num_local_tokens
+        connector.after_alloc(request, kv.get_block_ids(request.request_id), num_external)
+        kv.record_external_hits(num_external)
+        connector.start_loading(request, found.num_local_tokens + num_external)
+        return True
 
     def _state(self, step: _Step) -> SchedulerState:
         return SchedulerState(
@@ -340,11 +443,35 @@ class Scheduler(SchedulerInterface):
             if output.finish_reason is not None:
                 num_finished += 1
                 del self._requests[request_id]
-                self.kv_cache_manager.free(request)
-                self._finished_req_ids.add(request_id)
+                self._free_request(request)
         if num_finished:
             self._running = [r for r in self._running if r.status is RequestStatus.RUNNING]
+        if self._connector is not None:
+            self._apply_transfers(runner_output)
         return outputs
+
+    def _free_request(self, request: Request) -> None:
+        """Free a finished request's blocks (unless the connector holds them); report it."""
+        request_id = request.request_id
+        self._parked.pop(request_id, None)
+        kv = self.kv_cache_manager
+        if self._connector is None or not self._connector.finished(
+                request, kv.get_block_ids(request_id)):
+            kv.free(request)
+        self._finished_req_ids.add(request_id)
+
+    def _apply_transfers(self, runner_output: ModelRunnerOutput) -> None:
+        """Loads the workers completed make requests schedulable; held blocks are freed."""
+        assert self._connector is not None
+        results = self._connector.on_transfers(runner_output)
+        kv = self.kv_cache_manager
+        for request in results.loaded:
+            # The KV is in the blocks now: others may find them in the prefix cache.
+            kv.cache_blocks(request, request.num_computed_tokens)
+            self._parked[request.request_id] = request
+            self._waiting.push(request)
+        for request in results.released:
+            kv.free(request)
 
     def _update_request(
         self, request: Request, row: int | None, runner_output: ModelRunnerOutput

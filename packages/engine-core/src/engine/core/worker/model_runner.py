@@ -16,11 +16,16 @@ the model and every ``compute_logits`` call (the layers' collectives need all ra
 same order), rank 0 alone samples (with the logits processors) and broadcasts the sampled
 ids, so every rank appends the same tokens to its batch; logprobs are computed on rank 0,
 and the other ranks return an empty output.
+
+With a KV connector, every step (also one that runs no forward pass) is wrapped in the
+connector's ``start_step`` / ``finish_step`` (``engine.core.worker.kv_connector``); its
+finished transfers go into ``finished_sending`` / ``finished_recving``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -33,6 +38,11 @@ from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import AttentionMetadataBuilder
 from engine.sdk.scheduler import ModelRunnerOutput, SampleLogprobs, SchedulerOutput
 
+if TYPE_CHECKING:
+    from engine.core.worker.kv_connector import WorkerKVConnector
+
+_EMPTY = ModelRunnerOutput(req_ids=(), sampled_token_ids=())
+
 
 class ModelRunner:
     """Runs the model for the worker; owns the persistent batch and the sampler."""
@@ -40,9 +50,10 @@ class ModelRunner:
     def __init__(
         self, *, model: Any, builder: AttentionMetadataBuilder[Any], input_batch: InputBatch,
         block_size: int, device: torch.device, vocab_size: int,
-        tp: TensorParallelGroup = SINGLE,
+        tp: TensorParallelGroup = SINGLE, kv_connector: WorkerKVConnector | None = None,
     ) -> None:
         self.model = model
+        self.kv_connector = kv_connector
         self.tp = tp
         self.builder = builder
         self.input_batch = input_batch
@@ -94,9 +105,20 @@ class ModelRunner:
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; see the module docstring."""
         self._update_states(out)
+        connector = self.kv_connector
+        if connector is None:
+            return self._run(out)
+        connector.start_step(out)
+        output = self._run(out)
+        sending, recving = connector.finish_step(out)
+        if sending or recving:
+            output = replace(output, finished_sending=sending, finished_recving=recving)
+        return output
+
+    def _run(self, out: SchedulerOutput) -> ModelRunnerOutput:
         batch = self.input_batch
         if out.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
-            return ModelRunnerOutput(req_ids=(), sampled_token_ids=())
+            return _EMPTY
         inputs = self._inputs(out)
         metadata = self.builder.build(inputs.common)
         hidden = self.model(inputs.input_ids, inputs.positions, metadata)
@@ -106,7 +128,7 @@ class ModelRunner:
             sampled_ids = torch.empty(len(req_ids), dtype=torch.int64, device=self.device)
             self._append_tokens(broadcast_from_driver(sampled_ids, self.tp), inputs)
             self._prompt_logprobs(hidden, inputs, req_ids)
-            return ModelRunnerOutput(req_ids=(), sampled_token_ids=())
+            return _EMPTY
         sampling = batch.make_sampling_metadata(inputs.is_partial)
         sampled = self.sampler(logits, sampling)
         sampled_ids = sampled.sampled_token_ids.to(torch.int64).contiguous()

@@ -17,17 +17,19 @@ import torch
 from torch import nn
 
 from engine.core.config import plugin_options_for
+from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
 from engine.sdk.errors import PluginError, UnsupportedError
-from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, LINEAR_KERNELS, MODELS
+from engine.sdk.groups import ATTENTION_BACKENDS, LINEAR_KERNELS, MODELS
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.model import ModelContext
-from engine.sdk.ops import BUILTIN_OPS, CustomOp, check_replacement
+from engine.sdk.ops import CustomOp
 from engine.sdk.platform import Platform
 from engine.sdk.plugin import PluginOptions
+from engine.sdk.quantization import QuantizationConfig
 
 
 @dataclass(frozen=True)
@@ -79,22 +81,13 @@ def resolve_attention_backend(
         ) from None
 
 
-def resolve_custom_ops(catalog: PluginCatalog) -> dict[str, type[CustomOp]]:
-    """Replacement op classes from ``engine.custom_ops``, checked against the contracts."""
-    ops: dict[str, type[CustomOp]] = {}
-    for name in catalog.names(CUSTOM_OPS):
-        entry = catalog.resolve(CUSTOM_OPS, name)
-        if name not in BUILTIN_OPS:
-            raise PluginError(f"there is no built-in op named {name!r} to replace; ops: "
-                              f"{', '.join(sorted(BUILTIN_OPS))}", plugin=name, group=CUSTOM_OPS,
-                              distribution=entry.distribution, version=entry.version)
-        cls = catalog.load(CUSTOM_OPS, name)
-        support = check_replacement(name, cls)
-        if not support.ok:
-            raise PluginError(support.reason, plugin=name, group=CUSTOM_OPS,
-                              distribution=entry.distribution, version=entry.version)
-        ops[name] = cls
-    return ops
+def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
+                       ) -> dict[str, type[CustomOp]]:
+    """Replacement op classes in use (``--custom-ops`` and the platform), checked.
+
+    See ``engine.core.custom_op_selection``.
+    """
+    return select_custom_ops(catalog, settings)
 
 
 def make_linear_kernel_selector(
@@ -162,14 +155,16 @@ def build_model(
     block_size: int, attention_backend: str | None, weights: Iterable[tuple[str, torch.Tensor]],
     device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
-    tp: TensorParallelGroup = SINGLE,
+    tp: TensorParallelGroup = SINGLE, custom_ops: CustomOpSettings | None = None,
+    quant_config: QuantizationConfig | None = None,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
     ``plugin_options`` (``--plugin-option``) reach the model class and the attention
     backend through their ``Options`` models. With ``tp`` of several ranks the model holds
     rank ``tp.rank``'s shard; ``weights`` are the full checkpoint tensors (the layers'
-    loaders narrow them).
+    loaders narrow them). ``quant_config`` (``EngineSetup.quant_config``) gives every
+    linear layer and the embedding its quantize method.
     """
     options = plugin_options or {}
     arch, model_cls = resolve_model_class(catalog, hf_config)
@@ -180,10 +175,10 @@ def build_model(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         backend_options=_validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
                                            options),
-        op_classes=resolve_custom_ops(catalog), dispatch_key=platform.device_type,
+        op_classes=resolve_custom_ops(catalog, custom_ops), dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
-        tp=tp,
+        tp=tp, quant_config=quant_config,
     )
     with torch.device(device):
         model = model_cls(ModelContext(

@@ -6,6 +6,8 @@ Lifecycle, as the executor drives it (one worker per tensor-parallel rank)::
         # joins the ranks' process group (n > 1), loads this rank's shard of the model,
         # and sizes what its KV cache could hold: w.num_available_blocks
     w.initialize_cache(min(num_available_blocks over the ranks))
+        # allocates the cache; with --kv-connector builds the connector's worker side
+        # and registers the cache with it
     w.execute_model(scheduler_output)   # every rank, every step; rank 0's output is real
     w.shutdown()
 """
@@ -25,6 +27,7 @@ from engine.core.plugin_construction import construct_plugin, logits_processor_c
 from engine.core.startup import EngineSetup
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
+from engine.core.worker.kv_connector import WorkerKVConnector
 from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
 from engine.sdk.attention import AttentionContext
@@ -72,10 +75,11 @@ class Worker:
             catalog=setup.catalog, platform=setup.platform, hf_config=setup.hf_config,
             dtype=setup.dtype, block_size=setup.block_size,
             attention_backend=setup.attention_backend,
-            weights=iter_weights(setup.source, setup.dtype, progress=rank == 0),
+            weights=iter_weights(setup.source, setup.dtype, progress=rank == 0,
+                                 packed_gguf=setup.keeps_gguf_blocks),
             device=self.device, linear_kernel=config.linear_kernel,
             disabled_kernels=config.disabled_kernels, plugin_options=config.plugin_options,
-            tp=self.tp,
+            tp=self.tp, custom_ops=setup.custom_ops, quant_config=setup.quant_config,
         )
         layers = self.built.factory.attention_layers
         self._block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size,
@@ -88,6 +92,7 @@ class Worker:
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.num_blocks = 0  # allocated blocks (null block included), set by initialize_cache
         self.logits_processors: list[LogitsProcessor] = []
+        self.kv_connector: WorkerKVConnector | None = None
         self.model_runner: ModelRunner | None = None
 
     @property
@@ -129,6 +134,8 @@ class Worker:
                     num_blocks, setup.block_size, num_blocks * self._block_bytes / (1 << 30))
         if self.tp.is_driver:  # only rank 0 samples
             self.logits_processors = self._make_logits_processors()
+        self.kv_connector = WorkerKVConnector.build(
+            setup, layers=layers, kv_caches=self.kv_caches, num_blocks=num_blocks, tp=self.tp)
         self.model_runner = ModelRunner(
             model=self.built.model, builder=self._make_builder(), block_size=setup.block_size,
             input_batch=InputBatch(
@@ -138,6 +145,7 @@ class Worker:
                 logits_processors=self.logits_processors,
             ),
             device=self.device, vocab_size=setup.vocab_size, tp=self.tp,
+            kv_connector=self.kv_connector,
         )
 
     def _make_builder(self) -> Any:
@@ -176,6 +184,11 @@ class Worker:
         return self.model_runner.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
-        """Leave the ranks' process group if this worker created it; safe to call twice."""
-        destroy_tensor_parallel(self._owns_group)
-        self._owns_group = False
+        """Stop the KV connector's worker side and leave the ranks' group; idempotent."""
+        connector, self.kv_connector = self.kv_connector, None
+        try:
+            if connector is not None:
+                connector.shutdown()
+        finally:
+            destroy_tensor_parallel(self._owns_group)
+            self._owns_group = False

@@ -17,7 +17,7 @@ from engine.core.config import EngineConfig
 from engine.sdk.errors import ValidationError
 
 #: Fields with a hand-written flag (or none): the model is positional for serve/generate.
-_SPECIAL = {"plugin_options", "logits_processors", "worker_extensions"}
+_SPECIAL = {"plugin_options", "logits_processors", "worker_extensions", "kv_connector_options"}
 
 
 def _base_type(annotation: Any) -> Any:
@@ -61,6 +61,10 @@ def add_engine_args(
         help="a worker extension (engine.worker_extensions name or module:Class) whose "
         "methods collective_rpc reaches on every worker (repeatable, or comma-separated)")
     group.add_argument(
+        "--kv-connector-option", dest="kv_connector_options", action="append", default=None,
+        metavar="KEY=VALUE", help="an option for the --kv-connector (repeatable); VALUE is "
+        "parsed as JSON when it can be")
+    group.add_argument(
         "--plugin-option", dest="plugin_options", action="append", default=None,
         metavar="[GROUP:]NAME.KEY=VALUE",
         help="an option for a plugin (repeatable); VALUE is parsed as JSON when it can be; "
@@ -89,6 +93,26 @@ def parse_plugin_options(items: list[str] | None) -> dict[str, dict[str, Any]]:
     return options
 
 
+def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
+    """``["path=/x", "n=2"]`` -> ``{"path": "/x", "n": 2}`` (JSON values when they parse).
+
+    Raises:
+        ValidationError: an item is not ``KEY=VALUE``.
+    """
+    options: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise ValidationError(f"{flag} {item!r} must look like KEY=VALUE (e.g. "
+                                  f"{flag} path=/tmp/kv)", param=flag.lstrip("-"))
+        try:
+            value: Any = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        options[key.strip()] = value
+    return options
+
+
 def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineConfig:
     """Build the config from parsed flags; unset flags keep the model's defaults."""
     values: dict[str, Any] = {}
@@ -98,6 +122,8 @@ def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineCon
             values[name] = value
     values["plugin_options"] = parse_plugin_options(getattr(args, "plugin_options", None))
     values["logits_processors"] = tuple(getattr(args, "logits_processors", None) or ())
+    values["kv_connector_options"] = parse_key_values(
+        getattr(args, "kv_connector_options", None), "--kv-connector-option")
     values["worker_extensions"] = tuple(
         name for item in getattr(args, "worker_extensions", None) or ()
         for name in _comma_list(item))

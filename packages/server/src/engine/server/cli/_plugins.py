@@ -1,11 +1,16 @@
-"""``engine plugins list|check``: show the plugin catalog, and validate plugins offline."""
+"""``engine plugins list|check``: show the plugin catalog, and validate plugins offline.
+
+``list`` also shows what each custom op is built from (its built-in class or which
+``engine.custom_ops`` replacement), under the allowlist and ``--custom-ops`` given, from
+metadata only; the platform may still change it at start-up (the worker logs the result).
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.core.plugins import (
     Allowlist,
@@ -18,7 +23,10 @@ from engine.core.plugins import (
 from engine.sdk._version import SDK_MAJOR
 from engine.sdk._version import __version__ as SDK_VERSION
 from engine.sdk.errors import PluginError, ValidationError
-from engine.sdk.groups import GROUPS
+from engine.sdk.groups import CUSTOM_OPS, GROUPS
+
+if TYPE_CHECKING:
+    from engine.core.custom_op_selection import CustomOpChoice
 
 
 def add_parser(commands: Any) -> None:
@@ -36,6 +44,11 @@ def add_parser(commands: Any) -> None:
     lister = sub.add_parser(
         "list", parents=[common], help="list every plugin entry point and whether it is allowed"
     )
+    lister.add_argument(
+        "--custom-ops", default="", metavar="ITEMS",
+        help="show the custom-op implementations these items select (as for engine serve: "
+             "all, none, +NAME, -NAME, comma-separated; write --custom-ops=-NAME for a "
+             "leading minus)")
     lister.set_defaults(handler=run_list)
     checker = sub.add_parser(
         "check", parents=[common],
@@ -73,17 +86,57 @@ def _row_dict(row: CatalogRow) -> dict[str, Any]:
     }
 
 
+def _op_choices(catalog: PluginCatalog, items: str) -> list[CustomOpChoice] | None:
+    from engine.core.custom_op_selection import CustomOpSettings, plan_custom_ops  # torch
+
+    settings = CustomOpSettings(operator=tuple(i for i in items.split(",") if i))
+    try:
+        settings.validate(catalog)
+    except ValidationError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+    return plan_custom_ops(catalog, settings)
+
+
+def _mark_op_rows(rows: list[dict[str, Any]], choices: list[CustomOpChoice]) -> None:
+    """Add ``used`` / ``used_reason`` to the ``engine.custom_ops`` rows (``--json``)."""
+    by_name = {c.name: c for c in choices}
+    for row in rows:
+        if row["group"] != CUSTOM_OPS:
+            continue
+        choice = by_name.get(row["name"])
+        used = (choice is not None and choice.use_replacement and row["allowed"]
+                and choice.replacement is not None
+                and choice.replacement.distribution == row["distribution"])
+        row["used"] = used
+        row["used_reason"] = (choice.reason if choice is not None and row["allowed"] else
+                              "not allowed" if not row["allowed"] else
+                              "no built-in op has this name")
+
+
+def _print_ops(choices: list[CustomOpChoice]) -> None:
+    print("custom ops  (built in: worker; at start-up the platform's custom_ops apply "
+          "first, then --custom-ops, which wins)")
+    for choice in choices:
+        print(f"  {choice.name:<28} {choice.implementation}  [{choice.reason}]")
+
+
 def run_list(args: argparse.Namespace) -> int:
     """``engine plugins list``."""
     catalog = _catalog(args)
     if catalog is None:
         return 2
+    choices = _op_choices(catalog, args.custom_ops)
+    if choices is None:
+        return 2
     rows = [_row_dict(row) for row in catalog.rows()]
+    _mark_op_rows(rows, choices)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
         print("No plugins installed.")
+        _print_ops(choices)
         return 0
     for group in GROUPS:
         group_rows = [r for r in rows if r["group"] == group]
@@ -97,6 +150,7 @@ def run_list(args: argparse.Namespace) -> int:
             if r["conflicts"]:
                 line += f"  CONFLICT with {', '.join(r['conflicts'])}"
             print(line)
+    _print_ops(choices)
     return 0
 
 

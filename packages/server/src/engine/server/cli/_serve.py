@@ -17,7 +17,7 @@ def add_parser(commands: Any) -> None:
         "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (/v1/completions, "
         "/v1/chat/completions, /v1/models, /health, /version, /metrics, /tokenize, "
-        "/detokenize).",
+        "/detokenize, and /pooling with --io-processor).",
     )
     parser.add_argument("model", nargs="?", default=None,
                         help="a Hugging Face directory or a .gguf file (default: the "

@@ -6,10 +6,13 @@ from engine.sdk import IterationStats, SchedulerStats, StatLogger
 
 
 class CountingStatLogger(StatLogger):
-    """Counts records and generated tokens (observable by tests)."""
+    """Counts records, generated tokens and shutdowns (observable by tests)."""
 
     records = 0
     generation_tokens = 0
+    shutdowns = 0
+    #: ``records`` when the last ``shutdown()`` ran (no record may come after it).
+    records_at_shutdown = -1
 
     def record(
         self, scheduler_stats: SchedulerStats | None, iteration_stats: IterationStats | None
@@ -17,3 +20,7 @@ class CountingStatLogger(StatLogger):
         type(self).records += 1
         if iteration_stats is not None:
             type(self).generation_tokens += iteration_stats.num_generation_tokens
+
+    def shutdown(self) -> None:
+        type(self).shutdowns += 1
+        type(self).records_at_shutdown = type(self).records

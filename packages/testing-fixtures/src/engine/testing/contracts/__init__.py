@@ -9,12 +9,21 @@ from engine.testing.contracts._batch_sim import (
     SimRequest,
     SimStats,
 )
+from engine.testing.contracts._kv_sim import (
+    FakeKVWorker,
+    KVConnectorDriver,
+    KVSimConfig,
+)
 from engine.testing.contracts._scheduler_sim import (
     FAKE_VOCAB_SIZE,
     FakeWorker,
     SchedulerDriver,
     fake_next_token,
     reference_tokens,
+)
+from engine.testing.contracts.kv_connectors import (
+    KVConnectorReport,
+    check_kv_connector,
 )
 from engine.testing.contracts.logits_processors import (
     ConformanceReport,
@@ -32,13 +41,18 @@ __all__ = [
     "BatchSimConfig",
     "BatchSimulator",
     "ConformanceReport",
+    "FakeKVWorker",
     "FakeWorker",
+    "KVConnectorDriver",
+    "KVConnectorReport",
+    "KVSimConfig",
     "ReferenceFn",
     "SchedulerDriver",
     "SchedulerFactory",
     "SchedulerReport",
     "SimRequest",
     "SimStats",
+    "check_kv_connector",
     "check_logits_processor",
     "check_scheduler",
     "fake_next_token",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
@@ -10,11 +10,23 @@ from torch import nn
 from engine.sdk.attention import AttentionImpl
 
 
+class KVLayerHooks(Protocol):
+    """The per-layer calls of a KV connector's worker side (the worker binds one)."""
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        """Block until the layer's KV for this step is in place."""
+
+    def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any) -> None:
+        """Start saving the layer's KV after its attention wrote the step's tokens."""
+
+
 class Attention(nn.Module):
     """One attention layer: reshapes q/k/v and calls the backend's implementation.
 
     The layer's KV cache is bound by the model runner after the cache is allocated
-    (``kv_cache``); until then a forward pass is an error.
+    (``kv_cache``); until then a forward pass is an error. With a KV connector, the worker
+    also binds ``kv_connector``: the layer then waits for the connector's load of its KV
+    before attention and hands its cache to the connector's save right after.
 
     Args:
         impl: The backend's implementation for this layer.
@@ -35,6 +47,7 @@ class Attention(nn.Module):
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.kv_cache: torch.Tensor | None = None
+        self.kv_connector: KVLayerHooks | None = None
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: Any
@@ -47,5 +60,10 @@ class Attention(nn.Module):
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)
         v = value.view(num_tokens, self.num_kv_heads, self.head_size)
         out = torch.empty_like(q)
+        connector = self.kv_connector
+        if connector is not None:
+            connector.wait_for_layer_load(self.layer_name)
         self.impl.forward(q, k, v, self.kv_cache, metadata, out)
+        if connector is not None:
+            connector.save_kv_layer(self.layer_name, self.kv_cache, metadata)
         return out.view(num_tokens, self.num_heads * self.head_size)

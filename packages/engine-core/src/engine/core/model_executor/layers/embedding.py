@@ -4,6 +4,10 @@ Under tensor parallelism the table is split by rows (``distributed.vocab_slice``
 rank holds ``ceil(vocab / tp)`` contiguous rows (padding rows past the vocabulary stay
 zero), looks up the ids it holds, writes zeros for the others, and the ranks' results are
 summed, so every rank ends with the full embeddings.
+
+A quantization method that handles ``kind="embedding"`` gets a
+:class:`QuantizedVocabEmbedding` instead: its parameters (rows first) come from the
+method, and the lookup is the method's ``apply`` on this rank's local ids.
 """
 
 from __future__ import annotations
@@ -12,7 +16,27 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.distributed import SINGLE, TensorParallelGroup, all_reduce, vocab_slice
+from engine.core.distributed import SINGLE, Slice, TensorParallelGroup, all_reduce, vocab_slice
+from engine.sdk.quantization import LayerInfo, QuantizeMethod
+
+
+def load_vocab_rows(target: torch.Tensor, tensor: torch.Tensor, rows: Slice, vocab_size: int,
+                    name: str) -> None:
+    """Copy this rank's ``rows`` of a full checkpoint table into ``target``.
+
+    The checkpoint's vocabulary may differ from the config's: rows the checkpoint lacks stay
+    0, rows past the config's vocabulary are ignored.
+    """
+    if tensor.shape[1:] != target.shape[1:]:
+        raise ValueError(
+            f"checkpoint tensor for {name} has shape {tuple(tensor.shape)}, the layer "
+            f"expects {(vocab_size, *target.shape[1:])}"
+        )
+    end = min(tensor.shape[0], vocab_size)
+    held = max(0, min(rows.size, end - rows.start))
+    if held:
+        target[:held].copy_(tensor.narrow(0, rows.start, held))
+    target[held:].zero_()
 
 
 class VocabEmbedding(nn.Module):
@@ -53,13 +77,53 @@ class VocabEmbedding(nn.Module):
         """
         if param_name != "weight" or shard is not None:
             raise ValueError(f"{self.prefix} has only an unsharded 'weight' to load")
-        if tensor.shape[1:] != self.weight.shape[1:]:
-            raise ValueError(
-                f"checkpoint tensor for {self.prefix}.weight has shape {tuple(tensor.shape)}, "
-                f"the layer expects {(self.vocab_size, *self.weight.shape[1:])}"
-            )
-        end = min(tensor.shape[0], self.vocab_size)
-        rows = max(0, min(self.rows.size, end - self.rows.start))
-        if rows:
-            self.weight.data[:rows].copy_(tensor.narrow(0, self.rows.start, rows))
-        self.weight.data[rows:].zero_()
+        load_vocab_rows(self.weight.data, tensor, self.rows, self.vocab_size,
+                        f"{self.prefix}.weight")
+
+
+class QuantizedVocabEmbedding(nn.Module):
+    """An embedding table whose storage and lookup belong to a quantize method.
+
+    Args:
+        info: ``kind="embedding"``: ``input_size`` the vocabulary, ``output_size`` the
+            width, ``input_size_per_partition`` this rank's rows.
+        quant_method: Registers the parameters (dimension 0: this rank's rows, unless a
+            parameter has a ``weight_loader``) and looks ids up (``apply(layer, ids)``).
+        tp: The tensor-parallel group the rows are split across.
+    """
+
+    def __init__(self, info: LayerInfo, quant_method: QuantizeMethod,
+                 tp: TensorParallelGroup = SINGLE) -> None:
+        super().__init__()
+        self.info = info
+        self.prefix = info.prefix
+        self.vocab_size = info.input_size
+        self.tp = tp
+        self.rows = vocab_slice(info.input_size, tp.rank, tp.size)
+        self.quant_method = quant_method
+        quant_method.create_weights(self, info)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if not self.tp.is_parallel:
+            return self.quant_method.apply(self, input_ids)
+        start = self.rows.start
+        held = (input_ids >= start) & (input_ids < start + self.rows.size)
+        out = self.quant_method.apply(self, torch.where(held, input_ids - start, 0))
+        out.masked_fill_(~held.unsqueeze(-1), 0)
+        return all_reduce(out, self.tp)
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """Copy this rank's rows of checkpoint ``tensor`` into ``param_name``."""
+        param = getattr(self, param_name, None)
+        if not isinstance(param, torch.Tensor):
+            raise ValueError(f"{self.prefix} has no parameter {param_name!r} to load into")
+        loader = getattr(param, "weight_loader", None)
+        if loader is not None:
+            loader(param, tensor, shard)
+            return
+        load_vocab_rows(param.data, tensor, self.rows, self.vocab_size,
+                        f"{self.prefix}.{param_name}")
+
+    def process_weights_after_loading(self) -> None:
+        """Let the quantize method repack what was loaded."""
+        self.quant_method.process_weights_after_loading(self)

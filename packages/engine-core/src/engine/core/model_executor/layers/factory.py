@@ -30,7 +30,7 @@ from engine.core.distributed import (
     vocab_slice,
 )
 from engine.core.model_executor.layers.attention import Attention
-from engine.core.model_executor.layers.embedding import VocabEmbedding
+from engine.core.model_executor.layers.embedding import QuantizedVocabEmbedding, VocabEmbedding
 from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
@@ -39,12 +39,20 @@ from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_li
 from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions
-from engine.sdk.quantization import LayerInfo
+from engine.sdk.quantization import LayerInfo, QuantizationConfig
 
 
 def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
-    """``F.linear`` for every layer (hand-built factories, e.g. in tests)."""
-    return select_linear_kernel([TorchLinearKernel], PlatformInfo("cpu", "cpu"), config)
+    """The reference kernels, for hand-built factories (e.g. in tests).
+
+    ``F.linear`` for unquantized layers, and the torch kernels of the built-in quantization
+    schemes (``gguf_dequant``, ``int8_reference``).
+    """
+    from engine.core.quantization.gguf_kernels import GGUFDequantKernel
+    from engine.core.quantization.int8_kernels import Int8ReferenceKernel
+
+    kernels = [TorchLinearKernel, GGUFDequantKernel, Int8ReferenceKernel]
+    return select_linear_kernel(kernels, PlatformInfo("cpu", "cpu"), config)
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -59,7 +67,9 @@ class LayerFactory:
         block_size: KV-cache block size (part of every attention spec).
         attention_backend: The selected backend class.
         backend_options: The backend's validated options.
-        quant_config: The selected quantization config instance, or None.
+        quant_config: The selected quantization method's configuration, or None. Every
+            linear layer, the LM head and the embedding ask its ``get_quant_method``
+            (``None``: the layer stays unquantized).
         op_classes: Op name -> class to build (built-in contract or a replacement).
         dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
         linear_kernel_selector: Chooses the linear kernel of each layer (default: the
@@ -72,7 +82,7 @@ class LayerFactory:
     block_size: int
     attention_backend: type[AttentionBackend]
     backend_options: PluginOptions = field(default_factory=PluginOptions)
-    quant_config: Any = None
+    quant_config: QuantizationConfig | None = None
     op_classes: dict[str, type[CustomOp]] = field(default_factory=dict)
     dispatch_key: str = "cpu"
     linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] = field(
@@ -158,8 +168,25 @@ class LayerFactory:
         heads = head_slice(features // head_size, self.tp_rank, self.tp_size)
         return Slice(heads.start * head_size, heads.size * head_size)
 
-    def embedding(self, prefix: str, vocab_size: int, hidden_size: int) -> VocabEmbedding:
-        """The token embedding table (split by vocabulary rows across the ranks)."""
+    def embedding(self, prefix: str, vocab_size: int,
+                  hidden_size: int) -> VocabEmbedding | QuantizedVocabEmbedding:
+        """The token embedding table (split by vocabulary rows across the ranks).
+
+        The quantization method is asked with ``kind="embedding"``; when it returns a
+        method, the table is a :class:`QuantizedVocabEmbedding` whose storage and lookup
+        are the method's.
+        """
+        if self.quant_config is not None:
+            rows = vocab_slice(vocab_size, self.tp_rank, self.tp_size).size
+            info = LayerInfo(
+                prefix=prefix, kind="embedding", input_size=vocab_size, output_size=hidden_size,
+                input_size_per_partition=rows, output_partition_sizes=(hidden_size,),
+                params_dtype=self.dtype_name, tp_rank=self.tp_rank, tp_size=self.tp_size,
+                parallel="row", linear_kernel_selector=self.linear_kernel_selector,
+            )
+            method = self.quant_config.get_quant_method(info, prefix)
+            if method is not None:
+                return QuantizedVocabEmbedding(info, method, self.tp)
         return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix, self.tp)
 
     def attention(

@@ -201,26 +201,38 @@ class Linear(nn.Module):
             return
         self._load_part(param, param_name, tensor, shard)
 
+    def rank_part(self, tensor: torch.Tensor, shard: int | None, output_dim: int | None,
+                  input_dim: int | None) -> tuple[torch.Tensor, int]:
+        """This rank's part of checkpoint ``tensor`` (logical output ``shard``), unsharded.
+
+        Returns:
+            The narrowed view, and how many rows past it along ``output_dim`` are padding
+            (the LM head's rows past the vocabulary, which the caller zeroes).
+        """
+        padding = 0
+        if output_dim is not None and self.info.parallel == "column":
+            index = shard or 0
+            part, features = self.shards.output_slices[index], self.shards.output_sizes[index]
+            narrowed = narrow_features(tensor, output_dim, part, features)
+            if part.start + part.size > features:  # the LM head's rows past the vocab
+                padding = part.size * tensor.shape[output_dim] // features - narrowed.shape[
+                    output_dim]
+            tensor = narrowed
+        if input_dim is not None and self.info.parallel == "row":
+            tensor = narrow_features(tensor, input_dim, self.shards.input_slice,
+                                     self.info.input_size)
+        return tensor, padding
+
     def _load_part(self, param: torch.Tensor, param_name: str, tensor: torch.Tensor,
                    shard: int | None) -> None:
         target = param.data
         output_dim: Any = getattr(param, "output_dim", None)
         input_dim: Any = getattr(param, "input_dim", None)
-        padding = 0
-        if output_dim is not None:
-            index = shard or 0
-            if shard is not None:
-                local = self.output_partition_sizes
-                target = narrow_features(target, output_dim,
-                                         Slice(sum(local[:index]), local[index]), sum(local))
-            if self.info.parallel == "column":
-                part, features = self.shards.output_slices[index], self.shards.output_sizes[index]
-                tensor = narrow_features(tensor, output_dim, part, features)
-                if part.start + part.size > features:  # the LM head's rows past the vocab
-                    padding = target.shape[output_dim] - tensor.shape[output_dim]
-        if input_dim is not None and self.info.parallel == "row":
-            tensor = narrow_features(tensor, input_dim, self.shards.input_slice,
-                                     self.info.input_size)
+        if output_dim is not None and shard is not None:
+            local = self.output_partition_sizes
+            target = narrow_features(target, output_dim,
+                                     Slice(sum(local[:shard]), local[shard]), sum(local))
+        tensor, padding = self.rank_part(tensor, shard, output_dim, input_dim)
         if padding > 0:
             target.narrow(output_dim, tensor.shape[output_dim], padding).zero_()
             target = target.narrow(output_dim, 0, tensor.shape[output_dim])

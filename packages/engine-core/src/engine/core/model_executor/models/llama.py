@@ -120,7 +120,7 @@ class LlamaDecoderLayer(nn.Module):
         metadata: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
-            residual = hidden
+            residual = hidden.clone()  # rms_norm replacements may normalise in place
             hidden = self.input_layernorm(hidden)
         else:
             hidden, residual = self.input_layernorm(hidden, residual)

@@ -1,0 +1,205 @@
+"""Linear kernels for GGUF weights (scheme ``"gguf"``; entries of ``engine.linear_kernels``).
+
+* ``gguf_dequant`` (priority 0, every format, every device): dequantizes the layer's rows
+  in chunks of about ``CHUNK_ELEMENTS`` weights into a reused scratch buffer
+  (``scratch.py``) and multiplies each chunk with ``F.linear``. Exact: the result equals
+  ``F.linear`` on the weight dequantized at load time, bit for bit (a chunk of rows gives
+  the same sums as the whole matrix).
+* ``gguf_int4`` (priority 100, CPU, Q4_0 / Q4_1 / Q4_K, output rows a multiple of 64):
+  repacks the 4-bit values once into torch's CPU int4 layout with one (scale, zero) pair
+  per 32 weights (``w = (q - 8) * scale + zero``: Q4_0 zero = 0, Q4_1 zero = m + 8 d,
+  Q4_K scale = d sc_j, zero = 8 scale - dmin m_j), the same 4.5-5 bits per weight, and
+  multiplies with the fused ``_weight_int4pack_mm_for_cpu`` for up to
+  ``FUSED_MAX_TOKENS`` tokens (decode: it reads 4-bit weights). For more tokens (prefill)
+  it dequantizes its own layout into the scratch buffer and uses the bf16 matmul, which is
+  faster there. Scales and zeros are rounded to the activation dtype, so results differ
+  from the dequantized weights by about that rounding (bf16: ~0.3% of an output), and
+  greedy tokens can part from the dequantized path's where two logits nearly tie.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.core.quantization.gguf_formats import (
+    FORMATS,
+    GGUFFormat,
+    _f16,
+    _k_group_scales,
+    _k_nibbles,
+    _nibbles,
+)
+from engine.core.quantization.scratch import scratch
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
+from engine.sdk.platform import PlatformInfo
+from engine.sdk.support import Support
+
+SCHEME = "gguf"
+FLOAT_DTYPES = ("float32", "bfloat16", "float16")
+
+#: Weights dequantized per chunk (2**21: 4 MiB of bf16 plus 8 MiB of float32 temporaries;
+#: fewer, larger chunks beat cache-sized ones: per-op overhead dominates on 2 cores).
+CHUNK_ELEMENTS = 1 << 21
+
+#: Up to this many tokens ``gguf_int4`` uses the fused int4 matmul; above, dequant + bf16.
+#: The fused matmul is ~2x faster than bf16 at 1 token and ~2x slower at 64, but per-layer
+#: dequantization costs more than that until a few hundred tokens (SmolLM2, 64 sequences:
+#: 161 tok/s at 16, 252 at 64 and 128, 260 at 256, batch 64 of ``benchmarks/gguf_packed.py``).
+FUSED_MAX_TOKENS = 128
+
+
+def _gguf_scheme(config: LinearKernelConfig, formats: tuple[str, ...]) -> Support:
+    if config.scheme != SCHEME:
+        return Support.no(f"scheme {config.scheme} is not {SCHEME}")
+    if config.weight_dtype not in formats:
+        return Support.no(f"GGUF type {config.weight_dtype} is not supported; supported: "
+                          f"{', '.join(formats)}")
+    if config.act_dtype not in FLOAT_DTYPES:
+        return Support.no(f"activation dtype {config.act_dtype} is not supported; supported: "
+                          f"{', '.join(FLOAT_DTYPES)}")
+    return Support.yes()
+
+
+def _weight(layer: nn.Module) -> torch.Tensor:
+    weight = layer.weight
+    if not isinstance(weight, torch.Tensor):
+        raise TypeError(f"the layer has no 'weight' tensor, got {weight!r}")
+    return weight
+
+
+def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | None,
+                   dequantize: Callable[[int, int, torch.Tensor], torch.Tensor],
+                   step: int) -> torch.Tensor:
+    """``x @ W^T + b`` with ``W`` produced ``step`` rows at a time by ``dequantize``.
+
+    ``dequantize(start, stop, out)`` writes rows ``[start, stop)`` of ``W`` into ``out``
+    ``[stop - start, cols]`` (a view of the scratch buffer) and returns it.
+    """
+    x2 = x.reshape(-1, cols)
+    buffer = scratch(min(step, rows) * cols, x.dtype, x.device)
+    if rows <= step:
+        weight = dequantize(0, rows, buffer.view(rows, cols))
+        return F.linear(x2, weight, bias).view(*x.shape[:-1], rows)
+    out = torch.empty(x2.shape[0], rows, dtype=x.dtype, device=x.device)
+    for start in range(0, rows, step):
+        stop = min(start + step, rows)
+        weight = dequantize(start, stop, buffer[:(stop - start) * cols].view(stop - start, cols))
+        out[:, start:stop] = F.linear(x2, weight, None if bias is None else bias[start:stop])
+    return out.view(*x.shape[:-1], rows)
+
+
+class GGUFDequantKernel(LinearKernel):
+    """Every GGUF format: dequantize chunks of rows into scratch, then ``F.linear``."""
+
+    name: ClassVar[str] = "gguf_dequant"
+    priority: ClassVar[int] = 0
+
+    @classmethod
+    def is_supported(cls, platform: PlatformInfo) -> Support:
+        return Support.yes()
+
+    @classmethod
+    def can_implement(cls, config: LinearKernelConfig) -> Support:
+        return _gguf_scheme(config, tuple(FORMATS))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        fmt = FORMATS[self.config.weight_dtype]
+        data = _weight(layer)
+        cols = self.config.input_size
+
+        def fill(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            return fmt.dequantize(data[start:stop], out)
+
+        step = max(1, CHUNK_ELEMENTS // cols)
+        return chunked_matmul(x, data.shape[0], cols, bias, fill, step)
+
+
+def int4_fields(fmt: GGUFFormat, data: torch.Tensor, cols: int
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(q, scale, zero)`` of Q4_0/Q4_1/Q4_K rows: ``w = (q - 8) * scale + zero``.
+
+    ``q`` is ``int32 [rows, cols]`` in 0..15; ``scale`` and ``zero`` float32
+    ``[rows, cols / 32]``.
+    """
+    rows = data.shape[0]
+    blocks = data.reshape(-1, fmt.type_size)
+    if fmt.name == "Q4_K":
+        scale, offset = _k_group_scales(blocks)
+        q = _k_nibbles(blocks[:, 16:])
+        zero = 8 * scale - offset
+    else:
+        start = 2 if fmt.name == "Q4_0" else 4
+        scale = _f16(blocks[:, :2])
+        q = _nibbles(blocks[:, start:])
+        zero = torch.zeros_like(scale) if fmt.name == "Q4_0" else _f16(blocks[:, 2:4]) + 8 * scale
+    groups = cols // 32
+    return (q.reshape(rows, cols).to(torch.int32), scale.reshape(rows, groups),
+            zero.reshape(rows, groups))
+
+
+class GGUFInt4Kernel(LinearKernel):
+    """Q4_0 / Q4_1 / Q4_K through torch's fused CPU int4 matmul (see the module docstring)."""
+
+    name: ClassVar[str] = "gguf_int4"
+    priority: ClassVar[int] = 100
+    FORMATS: ClassVar[tuple[str, ...]] = ("Q4_0", "Q4_1", "Q4_K")
+
+    @classmethod
+    def is_supported(cls, platform: PlatformInfo) -> Support:
+        if platform.device_type != "cpu":
+            return Support.no(f"runs on the CPU only, not {platform.device_type}")
+        if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
+            return Support.no(f"torch {torch.__version__} has no _weight_int4pack_mm_for_cpu")
+        return Support.yes()
+
+    @classmethod
+    def can_implement(cls, config: LinearKernelConfig) -> Support:
+        answer = _gguf_scheme(config, cls.FORMATS)
+        if answer.ok and config.output_size % 64:
+            return Support.no(f"{config.output_size} output rows are not a multiple of 64")
+        return answer
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        fmt = FORMATS[self.config.weight_dtype]
+        cols = self.config.input_size
+        q, scale, zero = int4_fields(fmt, _weight(layer).detach(), cols)
+        packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1)
+        dtype = getattr(torch, self.config.act_dtype)
+        scales_zeros = torch.stack((scale, zero), dim=-1).transpose(0, 1).contiguous().to(dtype)
+        # Replaces this layer's parameter only (a tied embedding keeps its GGUF rows).
+        layer.register_parameter("weight", nn.Parameter(packed, requires_grad=False))
+        layer.register_parameter("weight_scales_zeros",
+                                 nn.Parameter(scales_zeros, requires_grad=False))
+
+    def _dequantize(self, layer: nn.Module, start: int, stop: int,
+                    out: torch.Tensor) -> torch.Tensor:
+        """Rows ``[start, stop)`` (multiples of 64) of ``W`` from the int4 layout."""
+        cols = self.config.input_size
+        packed = _weight(layer).view(-1, cols, 32)[start // 64:stop // 64]
+        q = torch.stack((packed & 0x0F, packed >> 4), dim=1).transpose(2, 3)
+        sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
+        scale = sz[:, start:stop, 0].t().float().unsqueeze(-1)
+        zero = sz[:, start:stop, 1].t().float().unsqueeze(-1)
+        values = (q.reshape(stop - start, cols // 32, 32).float() - 8) * scale + zero
+        return out.copy_(values.view(stop - start, cols))
+
+    def apply(self, layer: nn.Module, x: torch.Tensor,
+              bias: torch.Tensor | None = None) -> torch.Tensor:
+        cols, rows = self.config.input_size, self.config.output_size
+        x2 = x.reshape(-1, cols)
+        if x2.shape[0] > FUSED_MAX_TOKENS:
+            step = max(64, CHUNK_ELEMENTS // cols // 64 * 64)
+            return chunked_matmul(x, rows, cols, bias,
+                                  lambda a, b, out: self._dequantize(layer, a, b, out), step)
+        sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
+        out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x2.contiguous(), _weight(layer), 32, sz)
+        if bias is not None:
+            out = out + bias
+        return out.view(*x.shape[:-1], rows)

@@ -1,0 +1,207 @@
+"""docs/plugins/{custom-ops,stat-loggers,platforms}.md: every python block runs as written.
+
+Modules of a page (``# src/acme_plugins/x.py``) are written to a temporary ``acme_plugins``
+package; the page's tests run against them; blocks that start an engine run with
+``engine.core.LLM`` standing in for the tiny test checkpoint (in this process) instead of
+the default model, and with the page's plugin installed as an entry point would install
+it. A page that gains a python block fails :func:`test_every_block_is_run` until a test
+here runs it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import socket
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import engine.core
+from engine.core import LLM
+from engine.core.plugins import PluginEntry, _catalog
+from engine.core.plugins._local import plugin_reference
+from engine.sdk import SamplingParams
+from engine.sdk.groups import CUSTOM_OPS, STAT_LOGGERS
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
+
+#: The first line of every python block each page has, and so the tests below run.
+BLOCKS = {
+    "custom-ops.md": ["from __future__ import annotations", "import torch",
+                      "# Offline, the same items as a list."],
+    "stat-loggers.md": ["# src/acme_plugins/statsd.py", "# tests/test_statsd.py",
+                        "# offline_stats.py"],
+    "platforms.md": ["# src/acme_plugins/platform.py", "# tests/test_platform.py"],
+}
+
+
+def blocks(page: str) -> list[str]:
+    return [str(b) for b in re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(),
+                                       re.DOTALL)]
+
+
+def block(page: str, first_line: str) -> str:
+    """The python block of ``page`` whose first line is ``first_line``."""
+    for text in blocks(page):
+        if text.splitlines()[0] == first_line:
+            return text
+    raise AssertionError(f"{page} has no python block starting with {first_line!r}")
+
+
+@pytest.mark.parametrize("page", sorted(BLOCKS))
+def test_every_block_is_run(page: str) -> None:
+    assert sorted(b.splitlines()[0] for b in blocks(page)) == sorted(BLOCKS[page])
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """``acme_plugins`` with the modules of the pages, importable."""
+    root = tmp_path_factory.mktemp("docs")
+    package = root / "acme_plugins"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "statsd.py").write_text(block("stat-loggers.md", "# src/acme_plugins/statsd.py"))
+    (package / "platform.py").write_text(block("platforms.md", "# src/acme_plugins/platform.py"))
+    sys.path.insert(0, str(root))
+    yield root
+    sys.path.remove(str(root))
+    for name in [m for m in sys.modules if m.startswith("acme_plugins")]:
+        del sys.modules[name]
+
+
+def run_page_tests(source: str) -> None:
+    """Run every ``test_*`` function of ``source`` (parametrized ones once per case)."""
+    namespace: dict[str, Any] = {"__name__": "page_tests"}
+    exec(compile(source, "page_tests.py", "exec"), namespace)
+    tests = {k: v for k, v in namespace.items() if k.startswith("test_") and callable(v)}
+    assert tests
+    for test in tests.values():
+        marks = [m for m in getattr(test, "pytestmark", []) if m.name == "parametrize"]
+        for case in (marks[0].args[1] if marks else [None]):
+            test(*([case] if marks else []))
+
+
+@pytest.fixture
+def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]:
+    """``install(group, name, cls)``: the engine discovers ``cls`` as an installed entry."""
+    entries: list[PluginEntry] = []
+    discover = _catalog.discover_entries
+    monkeypatch.setattr(_catalog, "discover_entries", lambda: [*discover(), *entries])
+
+    def add(group: str, name: str, cls: type) -> None:
+        entries.append(PluginEntry(group, name, plugin_reference(cls), "acme-docs", "0.1"))
+
+    return add
+
+
+@pytest.fixture
+def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
+    """Make ``from engine.core import LLM`` in a page block build the tiny test model."""
+    made: list[LLM] = []
+
+    def factory(*args: Any, **kwargs: Any) -> LLM:
+        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
+        llm = LLM(str(tiny_llama), **options)
+        made.append(llm)
+        return llm
+
+    monkeypatch.setattr(engine.core, "LLM", factory, raising=False)
+    factory.made = made  # type: ignore[attr-defined]
+    return factory
+
+
+def exec_block(source: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
+    namespace = namespace if namespace is not None else {"__name__": "page_block"}
+    exec(compile(source, "page_block.py", "exec"), namespace)
+    return namespace
+
+
+# -- custom-ops.md --------------------------------------------------------------------------
+
+
+def test_custom_ops_replacement_and_its_reference_check() -> None:
+    namespace = exec_block(block("custom-ops.md", "from __future__ import annotations"))
+    exec_block(block("custom-ops.md", "import torch"), namespace)  # asserts close to reference
+
+
+def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
+        install: Callable[[str, str, type], None], tiny_llm: Any) -> None:
+    namespace = exec_block(block("custom-ops.md", "from __future__ import annotations"))
+    fused = namespace["FusedRMSNorm"]
+    install(CUSTOM_OPS, "rms_norm", fused)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    results = {}
+    for items in ((), ("-rms_norm",)):
+        with engine.core.LLM(custom_ops=items) as llm:
+            norm = llm.llm_engine.core.worker.built.model.norm
+            assert isinstance(norm, fused) is (items == ())
+            [out] = llm.generate({"prompt_token_ids": [3, 1, 4, 1, 5]}, params,
+                                 use_tqdm=False)
+            results[items] = out.outputs[0].token_ids
+    assert results[()] == results[("-rms_norm",)]  # in place, and still the reference
+    exec_block(block("custom-ops.md", "# Offline, the same items as a list."))
+    [llm] = tiny_llm.made[-1:]
+    assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "RMSNormOp"
+
+
+# -- stat-loggers.md ------------------------------------------------------------------------
+
+
+def test_stat_loggers_page_test(acme: Path) -> None:
+    run_page_tests(block("stat-loggers.md", "# tests/test_statsd.py"))
+
+
+def test_stat_loggers_offline_example_flushes_at_shutdown(
+        acme: Path, install: Callable[[str, str, type], None], tiny_llm: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from acme_plugins.statsd import StatsdLogger
+
+    install(STAT_LOGGERS, "statsd", StatsdLogger)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as server:
+        server.bind(("127.0.0.1", 0))
+        port = server.getsockname()[1]
+
+        def with_port(factory: Callable[..., LLM], *args: Any, **kwargs: Any) -> LLM:
+            options = kwargs.setdefault("plugin_options", {})
+            options["statsd"] = {**options.get("statsd", {}), "port": port}
+            return factory(*args, **kwargs)
+
+        monkeypatch.setattr(engine.core, "LLM", functools.partial(with_port, tiny_llm))
+        exec_block(block("stat-loggers.md", "# offline_stats.py"))
+        server.settimeout(0.5)
+        received: list[str] = []
+        try:
+            while True:
+                received.append(server.recv(512).decode())
+        except TimeoutError:
+            pass
+    # Nothing was sent before the engine stopped (log() runs every 10 s): shutdown() sent all.
+    assert "batch.0.kv_blocks:32|g" in received  # from log_engine_initialized
+    tokens = [int(line.split(":")[1].split("|")[0]) for line in received
+              if line.startswith("batch.0.generation_tokens:")]
+    assert sum(tokens) <= 16 and tokens  # two prompts, max_tokens=8 (EOS may end one)
+    assert sum(line.startswith("batch.0.finished.") for line in received) == 2
+
+
+# -- platforms.md ---------------------------------------------------------------------------
+
+
+def test_platform_page_test(acme: Path, tmp_path: Path) -> None:
+    tests = tmp_path / "test_platform.py"
+    tests.write_text(block("platforms.md", "# tests/test_platform.py"))
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120,
+        env={**__import__("os").environ, "PYTHONPATH": str(acme)})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "3 passed" in result.stdout
+
+
+def test_torch_is_what_the_pages_assume() -> None:
+    assert torch.get_default_dtype() == torch.float32  # the check block compares in fp32
