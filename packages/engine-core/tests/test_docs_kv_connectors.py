@@ -7,7 +7,6 @@ selects the connector by ``module:Class``.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,13 +14,14 @@ from pathlib import Path
 import pytest
 
 from engine.core import LLM, SamplingParams
+from engine.testing.docs import code_blocks
 from engine.testing.engine import assert_kv_pool_full
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "plugins" / "kv-connectors.md"
 
 
 def python_blocks() -> list[str]:
-    return [str(b) for b in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.DOTALL)]
+    return code_blocks(PAGE)
 
 
 @pytest.fixture

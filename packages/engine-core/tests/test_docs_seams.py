@@ -11,7 +11,6 @@ here runs it.
 from __future__ import annotations
 
 import functools
-import re
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ from engine.core.plugins import PluginEntry, _catalog
 from engine.core.plugins._local import plugin_reference
 from engine.sdk import SamplingParams
 from engine.sdk.groups import CUSTOM_OPS, STAT_LOGGERS
+from engine.testing.docs import code_block, code_blocks
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
 
@@ -42,16 +42,12 @@ BLOCKS = {
 
 
 def blocks(page: str) -> list[str]:
-    return [str(b) for b in re.findall(r"```python\n(.*?)```", (DOCS / page).read_text(),
-                                       re.DOTALL)]
+    return code_blocks(DOCS / page)
 
 
 def block(page: str, first_line: str) -> str:
     """The python block of ``page`` whose first line is ``first_line``."""
-    for text in blocks(page):
-        if text.splitlines()[0] == first_line:
-            return text
-    raise AssertionError(f"{page} has no python block starting with {first_line!r}")
+    return code_block(DOCS / page, first_line)
 
 
 @pytest.mark.parametrize("page", sorted(BLOCKS))

@@ -7,7 +7,6 @@ real engine with two tensor-parallel worker processes, as the page shows.
 
 from __future__ import annotations
 
-import re
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,16 +15,14 @@ import pytest
 
 from engine.core import LLM
 from engine.core.messages import CollectiveRpcError
+from engine.testing.docs import code_block
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "plugins" / "worker-extensions.md"
 
 
-def code_block(first_line: str) -> str:
+def page_block(first_line: str) -> str:
     """The fenced python block of the page whose first line is ``first_line``."""
-    for block in re.findall(r"```python\n(.*?)```", PAGE.read_text(), re.DOTALL):
-        if block.startswith(first_line):
-            return str(block)
-    raise AssertionError(f"{PAGE.name} has no python block starting with {first_line!r}")
+    return code_block(PAGE, first_line)
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +31,7 @@ def acme_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     package = root / "acme_plugins"
     package.mkdir()
     (package / "__init__.py").write_text("")
-    (package / "diagnostics.py").write_text(code_block("# src/acme_plugins/diagnostics.py"))
+    (package / "diagnostics.py").write_text(page_block("# src/acme_plugins/diagnostics.py"))
     sys.path.insert(0, str(root))
     yield root
     sys.path.remove(str(root))
@@ -44,7 +41,7 @@ def acme_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def test_the_pages_unit_test_passes(acme_package: Path) -> None:
     namespace: dict[str, object] = {}
-    exec(compile(code_block("# tests/test_diagnostics.py"), "test_diagnostics.py", "exec"),
+    exec(compile(page_block("# tests/test_diagnostics.py"), "test_diagnostics.py", "exec"),
          namespace)
     namespace["test_fingerprint_and_memory"]()  # type: ignore[operator]
 

@@ -23,6 +23,7 @@ from engine.core import LLM
 from engine.core.client.async_llm import AsyncLLM, in_process_client
 from engine.core.config import EngineConfig
 from engine.server.app import build_app
+from engine.testing.docs import code_block, code_blocks
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "plugins" / "io-processors.md"
 PROCESSOR = "acme_plugins.sentiment:ReviewSentiment"
@@ -31,15 +32,11 @@ FIRST_LINES = ["# src/acme_plugins/sentiment.py", "# offline_sentiment.py",
 
 
 def blocks(language: str = "python") -> list[str]:
-    return [str(b) for b in re.findall(rf"```{language}\n(.*?)```", PAGE.read_text(),
-                                       re.DOTALL)]
+    return code_blocks(PAGE, language)
 
 
 def block(first_line: str) -> str:
-    for text in blocks():
-        if text.splitlines()[0] == first_line:
-            return text
-    raise AssertionError(f"{PAGE.name} has no python block starting with {first_line!r}")
+    return code_block(PAGE, first_line)
 
 
 def test_every_python_block_is_run() -> None:
