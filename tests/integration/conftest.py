@@ -1,4 +1,9 @@
-"""Integration-test fixtures: no Hub access, a tiny checkpoint, the frozen sdk1 plugins."""
+"""Integration-test fixtures: no Hub access, a tiny checkpoint, the frozen sdk1 plugins.
+
+The sdk1 tests' helpers (``sdk1_llm``, ``greedy``, ``counting``, ``sdk1_catalog``, the
+prompts) live in ``engine.testing.sdk1``: with ``--import-mode=importlib`` a test module
+cannot import a sibling.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.testing.test_plugins import install_test_plugins
+from engine.testing.sdk1 import greedy, sdk1_llm
+from engine.testing.test_plugins import install_test_plugins, put_on_path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -33,7 +39,12 @@ def sdk1_plugin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def sdk1(sdk1_plugin_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Put the installed sdk1 plugins on ``sys.path`` for this test (discoverable, importable)."""
-    monkeypatch.syspath_prepend(str(sdk1_plugin_dir))
-    monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
     monkeypatch.delenv("ENGINE_TEST_SDK1_PLATFORM", raising=False)
-    yield sdk1_plugin_dir
+    yield put_on_path(sdk1_plugin_dir, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def reference(tiny_llama: Path) -> list[list[int]]:
+    """Greedy tokens of the sdk1 ``PROMPTS`` with built-ins only (no plugin allowed)."""
+    with sdk1_llm(tiny_llama, plugins="none") as llm:
+        return greedy(llm)

@@ -23,11 +23,10 @@ import torch
 
 import engine.core
 from engine.core import LLM
-from engine.core.plugins import PluginEntry, _catalog
-from engine.core.plugins._local import plugin_reference
 from engine.sdk import SamplingParams
 from engine.sdk.groups import CUSTOM_OPS, STAT_LOGGERS
-from engine.testing.docs import code_block, code_blocks
+from engine.testing.docs import code_block, code_blocks, page_package, run_page_tests
+from engine.testing.test_plugins import entry_installer
 
 DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
 
@@ -58,42 +57,16 @@ def test_every_block_is_run(page: str) -> None:
 @pytest.fixture(scope="module")
 def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """``acme_plugins`` with the modules of the pages, importable."""
-    root = tmp_path_factory.mktemp("docs")
-    package = root / "acme_plugins"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "statsd.py").write_text(block("stat-loggers.md", "# src/acme_plugins/statsd.py"))
-    (package / "platform.py").write_text(block("platforms.md", "# src/acme_plugins/platform.py"))
-    sys.path.insert(0, str(root))
-    yield root
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m.startswith("acme_plugins")]:
-        del sys.modules[name]
-
-
-def run_page_tests(source: str) -> None:
-    """Run every ``test_*`` function of ``source`` (parametrized ones once per case)."""
-    namespace: dict[str, Any] = {"__name__": "page_tests"}
-    exec(compile(source, "page_tests.py", "exec"), namespace)
-    tests = {k: v for k, v in namespace.items() if k.startswith("test_") and callable(v)}
-    assert tests
-    for test in tests.values():
-        marks = [m for m in getattr(test, "pytestmark", []) if m.name == "parametrize"]
-        for case in (marks[0].args[1] if marks else [None]):
-            test(*([case] if marks else []))
+    modules = {"statsd": block("stat-loggers.md", "# src/acme_plugins/statsd.py"),
+               "platform": block("platforms.md", "# src/acme_plugins/platform.py")}
+    with page_package(tmp_path_factory.mktemp("docs"), "acme_plugins", modules) as root:
+        yield root
 
 
 @pytest.fixture
 def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]:
     """``install(group, name, cls)``: the engine discovers ``cls`` as an installed entry."""
-    entries: list[PluginEntry] = []
-    discover = _catalog.discover_entries
-    monkeypatch.setattr(_catalog, "discover_entries", lambda: [*discover(), *entries])
-
-    def add(group: str, name: str, cls: type) -> None:
-        entries.append(PluginEntry(group, name, plugin_reference(cls), "acme-docs", "0.1"))
-
-    return add
+    return entry_installer(monkeypatch, "acme-docs", "0.1")
 
 
 @pytest.fixture

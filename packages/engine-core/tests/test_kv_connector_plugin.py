@@ -9,6 +9,7 @@ aggregates). Every failure names the plugin, its group and its distribution.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -131,14 +132,29 @@ def test_start_up_failures_name_it(tiny_llama: Path, plugins_on_path: Path, hook
         make_llm(tiny_llama, **recorder(fail_in=hook))
 
 
-@pytest.mark.parametrize("hook", ["get_num_new_matched_tokens", "build_connector_meta",
-                                  "start_load_kv", "save_kv_layer", "get_finished"])
-def test_run_time_failures_name_it_and_the_hook(tiny_llama: Path, plugins_on_path: Path,
-                                                hook: str) -> None:
-    with make_llm(tiny_llama, **recorder(fail_in=hook)) as llm:
-        with pytest.raises(PluginError, match=f"{IDENTITY}: {hook} raised RuntimeError: "
-                                              f"test_recorder failed in {hook}"):
-            generate(llm, PROMPTS[:1])
+REQUEST_HOOKS = ["get_num_new_matched_tokens", "update_state_after_alloc"]
+STEP_HOOKS = ["build_connector_meta", "start_load_kv", "save_kv_layer", "get_finished"]
+
+
+@pytest.mark.parametrize("hook", REQUEST_HOOKS + STEP_HOOKS)
+def test_a_raising_hook_fails_only_its_requests_naming_it(
+        tiny_llama: Path, plugins_on_path: Path, reference: list[list[int]], hook: str) -> None:
+    """A per-request hook fails that request; a per-step hook the step's; the engine serves on."""
+    with make_llm(tiny_llama, **recorder(fail_in=hook, fail_times=1)) as llm:
+        outputs = llm.generate([{"prompt_token_ids": list(p)} for p in PROMPTS], GREEDY,
+                               use_tqdm=False)
+        failed = [i for i, o in enumerate(outputs) if o.outputs[0].finish_reason == "error"]
+        assert failed == ([0] if hook in REQUEST_HOOKS else [0, 1, 2])
+        for index, output in enumerate(outputs):
+            completion = output.outputs[0]
+            if index in failed:
+                assert completion.error is not None and completion.token_ids == []
+                assert re.fullmatch(f"{IDENTITY}: {hook} raised RuntimeError: test_recorder "
+                                    f"failed in {hook}", completion.error.message)
+            else:
+                assert completion.token_ids == reference[index]
+        settle(llm)  # every block is back in the pool
+        assert generate(llm)[0] == reference  # the engine, and the connector, serve on
 
 
 def test_bad_options_and_a_disallowed_connector_name_it(tiny_llama: Path,

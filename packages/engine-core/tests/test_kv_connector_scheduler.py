@@ -9,6 +9,7 @@ free at the end. The workers are scripted here; the engine-level paths are in
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,13 +18,13 @@ from pydantic import Field
 
 from engine.core.scheduler import Scheduler
 from engine.sdk import (
+    EngineCoreOutput,
     EngineRequest,
     KVConnectorContext,
     KVConnectorMetadata,
     KVConnectorRole,
     KVConnectorScheduler,
     ModelRunnerOutput,
-    PluginError,
     RequestStatus,
     RequestView,
     SamplingParams,
@@ -262,17 +263,29 @@ def test_parked_requests_give_their_blocks_back_when_nothing_else_can_run() -> N
     ((True, False), "must return .num_tokens: int >= 0"),
     (3, "must return .num_tokens: int >= 0"),
 ])
-def test_bad_answers_are_plugin_errors_naming_the_connector(result: Any, message: str) -> None:
+def test_bad_answers_fail_the_request_naming_the_connector(result: Any, message: str) -> None:
     connector = Scripted()
     connector.get_num_new_matched_tokens = lambda request, n: result  # type: ignore[method-assign]
     scheduler = make(connector)
     add(scheduler, "a", range(6))
-    with pytest.raises(PluginError, match=message) as info:
-        scheduler.schedule()
-    assert info.value.plugin == "scripted" and info.value.group == "engine.kv_connectors"
+    [failed] = failed_outputs(scheduler)
+    assert failed.request_id == "a" and failed.error is not None
+    assert re.search(message, failed.error.message)
+    assert (failed.error.plugin, failed.error.group) == ("scripted", "engine.kv_connectors")
 
 
-def test_a_raising_hook_is_a_plugin_error_naming_hook_and_connector() -> None:
+def failed_outputs(scheduler: Scheduler) -> list[EngineCoreOutput]:
+    """One step that runs nothing: the requests a connector call failed, and a full pool."""
+    out = scheduler.schedule()
+    assert not out.num_scheduled_tokens
+    outputs = scheduler.update_from_output(out, ModelRunnerOutput((), ()))
+    assert all(o.finish_reason == "error" for o in outputs)
+    assert not scheduler.has_unfinished_requests()
+    assert scheduler.num_free_blocks == scheduler.ctx.num_kv_blocks
+    return outputs
+
+
+def test_a_raising_step_hook_fails_the_steps_requests_naming_hook_and_connector() -> None:
     connector = Scripted()
 
     def broken(scheduler_output: SchedulerOutput) -> StepMeta:
@@ -280,8 +293,13 @@ def test_a_raising_hook_is_a_plugin_error_naming_hook_and_connector() -> None:
 
     connector.build_connector_meta = broken  # type: ignore[method-assign]
     scheduler = make(connector)
-    with pytest.raises(PluginError, match="build_connector_meta raised OSError: disk full"):
-        scheduler.schedule()
+    add(scheduler, "a", range(6))
+    add(scheduler, "b", range(20, 26))
+    failed = failed_outputs(scheduler)
+    assert sorted(o.request_id for o in failed) == ["a", "b"]
+    assert all(o.error is not None and o.error.message.endswith(
+        "build_connector_meta raised OSError: disk full") for o in failed)
     connector.build_connector_meta = lambda out: "not metadata"  # type: ignore[method-assign,assignment,return-value]
-    with pytest.raises(PluginError, match="not a KVConnectorMetadata"):
-        scheduler.schedule()
+    add(scheduler, "c", range(6))
+    [failed_c] = failed_outputs(scheduler)
+    assert failed_c.error is not None and "not a KVConnectorMetadata" in failed_c.error.message

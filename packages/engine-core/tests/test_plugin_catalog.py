@@ -75,9 +75,14 @@ def test_duplicate_name_from_two_distributions_is_an_error_naming_both(
     cat = catalog()
     with pytest.raises(PluginError) as info:
         cat.load(SCHEDULING_POLICIES, "test_dup_policy")
-    assert "engine-test-plugin-dup-a 0.1.0" in str(info.value)
-    assert "engine-test-plugin-dup-b 0.1.0" in str(info.value)
-    with pytest.raises(PluginError, match="dup-a"):
+    message = str(info.value)
+    assert message.startswith(
+        f"plugin 'test_dup_policy' (group {SCHEDULING_POLICIES}, distributions "
+        "engine-test-plugin-dup-a 0.1.0 and engine-test-plugin-dup-b 0.1.0): ")
+    assert "not from an installed distribution" not in message
+    assert "keep one with ENGINE_PLUGINS=<distribution>" in message
+    assert (info.value.plugin, info.value.group) == ("test_dup_policy", SCHEDULING_POLICIES)
+    with pytest.raises(PluginError, match="dup-a 0.1.0 and engine-test-plugin-dup-b 0.1.0"):
         PluginManifest.from_catalog(cat)
 
 

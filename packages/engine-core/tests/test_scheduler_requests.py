@@ -204,3 +204,18 @@ def test_request_view_protocol_and_stats() -> None:
     stats = scheduler.make_stats()
     assert (stats.num_waiting_reqs, stats.num_running_reqs) == (0, 1)
     assert stats.prefix_cache.queries == 3
+
+
+def test_a_failed_request_frees_its_blocks_and_leaves_nothing_in_the_prefix_cache() -> None:
+    """``finish_requests(ids, FINISHED_ERROR)``: what EngineCore calls when a plugin failed."""
+    from engine.sdk import RequestStatus
+
+    scheduler = make_scheduler()
+    prompt = list(range(10, 22))  # three full blocks of 4
+    add(scheduler, "failed", prompt)
+    step(scheduler, lambda request: 5)
+    scheduler.finish_requests(["failed"], RequestStatus.FINISHED_ERROR)
+    assert scheduler.num_free_blocks == scheduler.ctx.num_kv_blocks
+    add(scheduler, "again", prompt)
+    _, outputs = step(scheduler, lambda request: 5)
+    assert [o.num_cached_tokens for o in outputs] == [0]  # its KV may have been incomplete

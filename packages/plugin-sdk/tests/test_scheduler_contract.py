@@ -45,8 +45,10 @@ def test_request_status_finish_reasons() -> None:
     assert RequestStatus.FINISHED_STOPPED.finish_reason == "stop"
     assert RequestStatus.FINISHED_LENGTH_CAPPED.finish_reason == "length"
     assert RequestStatus.FINISHED_ABORTED.finish_reason == "abort"
+    assert RequestStatus.FINISHED_ERROR.finish_reason == "error"
     assert RequestStatus.RUNNING.finish_reason is None
-    assert [s.is_finished for s in RequestStatus] == [False, False, False, True, True, True]
+    assert [s.is_finished for s in RequestStatus] == [False, False, False, True, True, True,
+                                                       True]
 
 
 def test_engine_core_output_finished() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ from engine.core import LLM
 from engine.core.client.async_llm import AsyncLLM, in_process_client
 from engine.core.config import EngineConfig
 from engine.server.app import build_app
-from engine.testing.docs import code_block, code_blocks
+from engine.testing.docs import code_block, code_blocks, page_package
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "plugins" / "io-processors.md"
 PROCESSOR = "acme_plugins.sentiment:ReviewSentiment"
@@ -45,16 +44,9 @@ def test_every_python_block_is_run() -> None:
 
 @pytest.fixture(scope="module")
 def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    root = tmp_path_factory.mktemp("docs")
-    package = root / "acme_plugins"
-    package.mkdir()
-    (package / "__init__.py").write_text("")
-    (package / "sentiment.py").write_text(block("# src/acme_plugins/sentiment.py"))
-    sys.path.insert(0, str(root))
-    yield root
-    sys.path.remove(str(root))
-    for name in [m for m in sys.modules if m.startswith("acme_plugins")]:
-        del sys.modules[name]
+    modules = {"sentiment": block("# src/acme_plugins/sentiment.py")}
+    with page_package(tmp_path_factory.mktemp("docs"), "acme_plugins", modules) as root:
+        yield root
 
 
 def test_the_pages_unit_test_passes(acme: Path) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.sdk.errors import PluginFailure
+
 #: One step's logprobs: token id -> Logprob, the sampled token first.
 LogprobsStep = dict[int, "Logprob"]
 
@@ -31,10 +33,13 @@ class CompletionOutput:
         index: Position among the request's ``n`` sequences.
         text: Generated text (stop strings removed).
         token_ids: Generated token ids.
-        finish_reason: ``"stop"``, ``"length"``, ``"abort"``, or None while running.
+        finish_reason: ``"stop"``, ``"length"``, ``"abort"``, ``"error"``, or None while
+            running.
         stop_reason: The stop string or stop token id that ended it, if any.
         logprobs: Per generated token, when ``logprobs`` was requested.
         cumulative_logprob: Sum of the sampled tokens' logprobs, when requested.
+        error: With ``finish_reason == "error"``: the plugin that failed while serving this
+            sequence, and why (``error.message`` names it, its group and distribution).
     """
 
     index: int
@@ -44,6 +49,7 @@ class CompletionOutput:
     stop_reason: int | str | None = None
     logprobs: list[LogprobsStep] | None = None
     cumulative_logprob: float | None = None
+    error: PluginFailure | None = None
 
     @property
     def finished(self) -> bool:
@@ -72,3 +78,8 @@ class RequestOutput:
     prompt_logprobs: list[LogprobsStep | None] | None = None
     finished: bool = False
     num_cached_tokens: int = 0
+
+    @property
+    def error(self) -> PluginFailure | None:
+        """The first sequence's plugin failure, if a plugin failed while serving any."""
+        return next((c.error for c in self.outputs if c.error is not None), None)

@@ -21,6 +21,7 @@ from engine.core.custom_op_selection import CustomOpSettings, resolve_settings
 from engine.core.distributed import check_tensor_parallel
 from engine.core.model_loader import ModelSource, load_config, resolve_model
 from engine.core.platforms import select_platform
+from engine.core.plugin_options import check_option_targets, check_unused_options
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
 from engine.core.quantization import QuantizationSelection, resolve_quantization
 from engine.sdk.errors import ValidationError
@@ -104,45 +105,11 @@ def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
     return requested
 
 
-def check_plugin_options(config: EngineConfig, catalog: PluginCatalog) -> None:
-    """Every ``--plugin-option`` target must be one allowed plugin (or a ``module:Class``).
-
-    A plain NAME must not be ambiguous: two allowed plugins of different groups with that
-    name need ``GROUP:NAME``.
-
-    Raises:
-        ValidationError: naming the unknown or ambiguous targets and what would be valid.
-    """
-    allowed = [e for e in catalog.entries if catalog.decision(e).allowed]
-    groups_of: dict[str, list[str]] = {}
-    for entry in allowed:
-        groups_of.setdefault(entry.name, []).append(entry.group)
-    extra = set(config.plugin_selections())  # module:Class selections take options too
-    qualified = {f"{e.group}:{e.name}" for e in allowed}
-    unknown = sorted(key for key in config.plugin_options
-                     if key not in qualified and key not in groups_of and key not in extra)
-    if unknown:
-        raise ValidationError(
-            f"--plugin-option names {', '.join(map(repr, unknown))}, which "
-            f"{'is' if len(unknown) == 1 else 'are'} not an allowed plugin; known plugins: "
-            f"{', '.join(sorted(set(groups_of) | extra))} (GROUP:NAME picks one group)",
-            param="plugin_options")
-    for key in config.plugin_options:
-        groups = sorted(set(groups_of.get(key, ())))
-        if len(groups) > 1:
-            choices = ", ".join(f"{g.removeprefix('engine.')}:{key}" for g in groups)
-            raise ValidationError(
-                f"--plugin-option {key!r} is ambiguous: plugins of {len(groups)} groups have "
-                f"that name; write one of {choices} (e.g. --plugin-option "
-                f"{groups[0].removeprefix('engine.')}:{key}.KEY=VALUE)",
-                param="plugin_options")
-
-
 def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     """Resolve plugins, platform, model config, dtype and context length."""
     catalog = PluginCatalog.discover(Allowlist.from_env(config.plugins))
     set_catalog(catalog)
-    check_plugin_options(config, catalog)
+    check_option_targets(config, catalog)  # unknown, skipped or ambiguous names
     catalog.run_general_plugins()
     manifest = PluginManifest.from_catalog(catalog)
     platform = select_platform(catalog)
@@ -176,6 +143,8 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         enforce_eager=config.enforce_eager or bool(platform_config.enforce_eager),
         quantization=quantization,
     )
+    if process == "frontend":  # the values no plugin constructor would check
+        check_unused_options(setup)
     logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d%s", process,
                 source.display_name, source.kind, platform.name,
                 str(dtype).removeprefix("torch."), setup.max_model_len,

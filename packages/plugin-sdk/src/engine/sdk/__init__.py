@@ -18,7 +18,13 @@ from engine.sdk.attention import (
 )
 from engine.sdk.context import PluginContext
 from engine.sdk.endpoint import EndpointPlugin
-from engine.sdk.errors import EngineSDKError, PluginError, UnsupportedError, ValidationError
+from engine.sdk.errors import (
+    EngineSDKError,
+    PluginError,
+    PluginFailure,
+    UnsupportedError,
+    ValidationError,
+)
 from engine.sdk.io_processor import (
     GenerationResult,
     IOProcessor,
@@ -33,6 +39,7 @@ from engine.sdk.kv_connector import (
     KVConnectorScheduler,
     KVConnectorWorker,
 )
+from engine.sdk.layers import AttentionLayer, EmbeddingLayer, LayerFactory, LinearLayer
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.logits_processor import (
     AddedRequest,
@@ -90,6 +97,7 @@ __all__ = [
     # errors
     "EngineSDKError",
     "PluginError",
+    "PluginFailure",
     "UnsupportedError",
     "ValidationError",
     # requests and scheduling
@@ -160,4 +168,8 @@ __all__ = [
     "WorkerExtension",
     "ModelInterface",
     "ModelContext",
+    "LayerFactory",
+    "LinearLayer",
+    "EmbeddingLayer",
+    "AttentionLayer",
 ]

@@ -16,6 +16,7 @@ Three kinds, each mapped to one behaviour the operator sees:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 
 class EngineSDKError(Exception):
@@ -90,6 +91,49 @@ class PluginError(EngineSDKError):
         else:
             where.append("not from an installed distribution")
         return f"plugin {self.plugin!r} ({', '.join(where)}): {self.cause}"
+
+
+@dataclass(frozen=True)
+class PluginFailure:
+    """A plugin raised while serving requests: why those requests ended with ``"error"``.
+
+    The run-time counterpart of :class:`PluginError`, as data: it travels with the failed
+    requests' outputs (``EngineCoreOutput.error``, ``ModelRunnerOutput.failed``) across
+    process boundaries. The server answers the requests it names with HTTP 500, error type
+    ``plugin_error`` and :attr:`message`; every other request is served as usual.
+
+    Attributes:
+        cause: What the plugin raised, e.g. ``"ZeroDivisionError: division by zero in
+            apply()"``.
+        plugin: The entry-point name (or ``module:Class`` path) of the plugin.
+        group: The entry-point group, e.g. ``engine.logits_processors``.
+        distribution: The installed distribution that provides the plugin, if known.
+        version: That distribution's version, if known.
+
+    .. versionadded:: 1.1
+    """
+
+    cause: str
+    plugin: str | None = None
+    group: str | None = None
+    distribution: str | None = None
+    version: str | None = None
+
+    @property
+    def message(self) -> str:
+        """The operator-facing message, shaped like every :class:`PluginError` message."""
+        return str(self.to_error())
+
+    def to_error(self) -> PluginError:
+        """The equivalent :class:`PluginError` (to raise it)."""
+        return PluginError(self.cause, plugin=self.plugin, group=self.group,
+                           distribution=self.distribution, version=self.version)
+
+    @classmethod
+    def from_error(cls, error: PluginError) -> PluginFailure:
+        """The failure a :class:`PluginError` describes."""
+        return cls(error.cause, plugin=error.plugin, group=error.group,
+                   distribution=error.distribution, version=error.version)
 
 
 class UnsupportedError(EngineSDKError):

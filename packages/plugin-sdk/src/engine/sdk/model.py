@@ -25,6 +25,8 @@ from engine.sdk.plugin import Plugin
 if TYPE_CHECKING:
     import torch
 
+    from engine.sdk.layers import LayerFactory
+
 
 @dataclass(frozen=True, kw_only=True)
 class ModelContext(PluginContext):
@@ -35,16 +37,21 @@ class ModelContext(PluginContext):
             object with the same attributes).
         dtype: Parameter and activation dtype (``"bfloat16"``, ``"float32"``, ...).
         quant_config: The selected ``QuantizationConfig`` instance, or None.
-        layers: The engine's layer factory (``Linear``, ``Attention``, ...) for this model,
-            so a model plugin builds layers that honour quantization and attention plugins.
+        layers: The engine's layer factory for this model (see
+            :class:`~engine.sdk.layers.LayerFactory`), so a model plugin builds layers that
+            honour quantization, attention, linear-kernel and custom-op plugins and tensor
+            parallelism. The engine always sets it; ``None`` only in a context built by
+            hand.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 ``layers`` is typed as :class:`~engine.sdk.layers.LayerFactory`
+       (it was ``Any``; the engine passes the same object as in 1.0).
     """
 
     hf_config: Any
     dtype: str = "float32"
     quant_config: Any = None
-    layers: Any = None
+    layers: LayerFactory | None = None
 
 
 class ModelInterface(Plugin, ABC):

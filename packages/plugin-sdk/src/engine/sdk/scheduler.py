@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from engine.sdk.context import PluginContext
+from engine.sdk.errors import PluginFailure
 from engine.sdk.plugin import Plugin
 from engine.sdk.sampling_params import SamplingParams
 
@@ -48,15 +49,20 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "finished_stopped"
     FINISHED_LENGTH_CAPPED = "finished_length_capped"
     FINISHED_ABORTED = "finished_aborted"
+    FINISHED_ERROR = "finished_error"
+    """A plugin failed while serving the request (see :class:`~engine.sdk.errors.PluginFailure`).
+
+    .. versionadded:: 1.1
+    """
 
     @property
     def is_finished(self) -> bool:
-        """True for the three ``FINISHED_*`` states."""
+        """True for the ``FINISHED_*`` states."""
         return self.name.startswith("FINISHED")
 
     @property
     def finish_reason(self) -> str | None:
-        """The OpenAI finish reason (``stop``, ``length``, ``abort``), or None if unfinished."""
+        """The finish reason (``stop``, ``length``, ``abort``, ``error``); None if unfinished."""
         return _FINISH_REASONS.get(self)
 
 
@@ -64,6 +70,7 @@ _FINISH_REASONS = {
     RequestStatus.FINISHED_STOPPED: "stop",
     RequestStatus.FINISHED_LENGTH_CAPPED: "length",
     RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_ERROR: "error",
 }
 
 
@@ -241,8 +248,13 @@ class ModelRunnerOutput:
             requests that asked for them (rows aligned with prompt positions).
         finished_sending: KV-connector transfers that completed (request ids).
         finished_recving: KV-connector loads that completed (request ids).
+        failed: Requests a plugin failed while serving them this step, with why (added in
+            1.1). Their rows in ``sampled_token_ids`` are empty. EngineCore ends them with
+            ``FINISHED_ERROR`` (``Scheduler.finish_requests``) right after
+            ``update_from_output``, so a scheduler need not act on this field.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``failed``.
     """
 
     req_ids: tuple[str, ...]
@@ -251,6 +263,7 @@ class ModelRunnerOutput:
     prompt_logprobs: Mapping[str, SampleLogprobs] = field(default_factory=dict)
     finished_sending: frozenset[str] = frozenset()
     finished_recving: frozenset[str] = frozenset()
+    failed: Mapping[str, PluginFailure] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -262,11 +275,15 @@ class EngineCoreOutput:
         new_token_ids: Tokens appended this step.
         new_logprobs: Their logprobs (rows aligned with ``new_token_ids``), if requested.
         new_prompt_logprobs: Prompt logprobs computed this step, if requested.
-        finish_reason: ``"stop"``, ``"length"`` or ``"abort"`` on the last output, else None.
+        finish_reason: ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` on the last
+            output, else None.
         stop_reason: The stop token id that ended the request, if any.
         num_cached_tokens: Prompt tokens served from the prefix cache.
+        error: With ``finish_reason == "error"``: the plugin that failed and why (added in
+            1.1).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``error``.
     """
 
     request_id: str
@@ -276,6 +293,7 @@ class EngineCoreOutput:
     finish_reason: str | None = None
     stop_reason: int | None = None
     num_cached_tokens: int = 0
+    error: PluginFailure | None = None
 
     @property
     def finished(self) -> bool:

@@ -57,7 +57,8 @@ class FinishedRequestStats:
 
     Attributes:
         request_id: The request.
-        finish_reason: ``"stop"``, ``"length"`` or ``"abort"``.
+        finish_reason: ``"stop"``, ``"length"``, ``"abort"`` or ``"error"`` (a plugin
+            failed it; since 1.1).
         num_prompt_tokens: Prompt length.
         num_generation_tokens: Tokens generated.
         e2e_latency: Seconds from arrival to the last token.

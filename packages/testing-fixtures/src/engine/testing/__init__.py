@@ -2,6 +2,7 @@
 
 from engine.testing.fixtures import (
     deprecate_hook,
+    fault_plugins_dir,
     hub_offline,
     plugins_on_path,
     test_plugins_dir,
@@ -10,6 +11,7 @@ from engine.testing.fixtures import (
 
 __all__ = [
     "deprecate_hook",
+    "fault_plugins_dir",
     "hub_offline",
     "plugins_on_path",
     "test_plugins_dir",

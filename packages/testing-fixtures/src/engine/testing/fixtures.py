@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from engine.testing.test_plugins import install_test_plugins
+from engine.testing.test_plugins import install_test_plugins, put_on_path
 
 
 @pytest.fixture(scope="session")
@@ -35,9 +35,13 @@ def test_plugins_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def plugins_on_path(test_plugins_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """Put the installed test plugins on ``sys.path`` for this test (discoverable, importable)."""
-    monkeypatch.syspath_prepend(str(test_plugins_dir))
-    monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
-    yield test_plugins_dir
+    yield put_on_path(test_plugins_dir, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def fault_plugins_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``engine-test-plugin-faults`` (plugins that raise on demand), installed on its own."""
+    return install_test_plugins(tmp_path_factory.mktemp("fault-plugins"), ("faults",))
 
 
 @pytest.fixture(scope="session")

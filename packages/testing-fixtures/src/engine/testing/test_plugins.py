@@ -10,8 +10,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+import pytest
 
 #: Where the plugin sources live in a source checkout.
 PLUGINS_SOURCE = Path(__file__).resolve().parents[3] / "plugins"
@@ -35,6 +37,38 @@ def install_test_plugins(target: Path, dirs: tuple[str, ...] = TEST_PLUGIN_DIRS)
     ]
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return target
+
+
+def put_on_path(target: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Make the plugins installed in ``target`` discoverable and importable in this process.
+
+    Prepends ``target`` to ``sys.path`` and unsets ``ENGINE_PLUGINS`` (every installed plugin
+    allowed) until ``monkeypatch`` is undone; returns ``target``.
+    """
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
+    return target
+
+
+def entry_installer(monkeypatch: pytest.MonkeyPatch, distribution: str, version: str,
+                    ) -> Callable[[str, str, type], None]:
+    """``add(group, name, cls)``: the engine discovers ``cls`` as an installed entry point.
+
+    As if ``distribution`` (at ``version``) declared ``name = "module:Class"`` in
+    ``group``: the entries join what ``importlib.metadata`` finds until ``monkeypatch`` is
+    undone. For classes defined in a test or written from a docs page.
+    """
+    from engine.core.plugins import PluginEntry, _catalog
+    from engine.core.plugins._local import plugin_reference
+
+    entries: list[PluginEntry] = []
+    discover = _catalog.discover_entries
+    monkeypatch.setattr(_catalog, "discover_entries", lambda: [*discover(), *entries])
+
+    def add(group: str, name: str, cls: type) -> None:
+        entries.append(PluginEntry(group, name, plugin_reference(cls), distribution, version))
+
+    return add
 
 
 def env_with_plugins(target: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:

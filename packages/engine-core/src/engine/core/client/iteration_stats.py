@@ -48,10 +48,11 @@ class _Pending:
 def finish_reason_of(output: RequestOutput) -> str:
     """One finish reason for a whole request (its choices may differ).
 
-    ``abort`` if a choice aborted, else ``length`` if one ran out of tokens, else ``stop``.
+    ``error`` if a plugin failed a choice, else ``abort`` if a choice aborted, else
+    ``length`` if one ran out of tokens, else ``stop``.
     """
     reasons = {c.finish_reason for c in output.outputs}
-    for reason in ("abort", "length"):
+    for reason in ("error", "abort", "length"):
         if reason in reasons:
             return reason
     return "stop"

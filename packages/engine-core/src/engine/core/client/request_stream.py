@@ -4,6 +4,10 @@ The ``RequestOutput`` is cumulative and updated in place, so the stream only has
 *that* it changed: each ``__anext__`` waits for a change and returns the same live object.
 Several steps that land before the consumer looks are seen as one change (a slow client
 never makes a queue grow); consumers that send deltas keep their own offsets.
+
+A request that a plugin failed (a sequence finished with ``"error"``) ends its stream with
+that ``PluginError`` (the server answers it with HTTP 500 ``plugin_error``); the output
+keeps what was generated before, with ``CompletionOutput.error`` set.
 """
 
 from __future__ import annotations
@@ -65,4 +69,7 @@ class RequestStream:
             raise self._error
         if self.output.finished:
             self._done = True
+            failure = self.output.error
+            if failure is not None:  # a plugin failed while serving it: HTTP 500 plugin_error
+                raise failure.to_error()
         return self.output

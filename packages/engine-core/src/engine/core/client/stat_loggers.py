@@ -10,19 +10,33 @@
 
 ``StatLoggerSet`` hands each step's stats to every logger (built-ins, the server's
 Prometheus logger, ``engine.stat_loggers`` plugins), under ``AsyncLLM`` and ``LLMEngine``
-alike, and calls every logger's ``shutdown()`` once when the engine stops. A logger that
-raises is logged once with its name and skipped for that call; requests never fail
-because of a stat logger. :func:`make_stat_loggers` builds the set both front ends use.
+alike, and calls every logger's ``shutdown()`` once when the engine stops.
+:func:`make_stat_loggers` builds the set both front ends use.
+
+A logger that raises never fails a request or stops the engine (the run-time fault policy
+of docs/plugins/stat-loggers.md):
+
+* the exception is caught; that call's stats are lost for that logger only, and every
+  other logger still gets them;
+* it is logged at ERROR with its traceback, naming the plugin, group and distribution
+  (``plugin 'x' (group engine.stat_loggers, distribution d 1.0): record() raised ...``);
+* the same error again (same method, exception type and message) is only counted
+  (``StatLoggerSet.failures``, a DEBUG line); a different one is logged like the first;
+* the logger keeps being called on later steps (a transient error may heal), and
+  ``shutdown()`` ends with one WARNING per logger that failed, with its counts.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
 from engine.core.messages import EngineInfo
 from engine.core.plugin_construction import construct_plugin
+from engine.core.plugins import PluginEntry
+from engine.core.plugins._loader import plugin_error
 from engine.core.startup import EngineSetup
 from engine.sdk.groups import STAT_LOGGERS
 from engine.sdk.plugin import PluginOptions
@@ -89,11 +103,25 @@ class LoggingStatLogger(StatLogger):
 
 
 class StatLoggerSet:
-    """Every stat logger of one engine, by name; errors are isolated per logger."""
+    """Every stat logger of one engine, by name; errors are isolated per logger.
 
-    def __init__(self, loggers: Sequence[tuple[str, StatLogger]]) -> None:
+    Args:
+        loggers: ``(name, logger)`` pairs, called in this order.
+        entries: The catalog entry of each logger that is an ``engine.stat_loggers``
+            plugin, by name: errors name its group and distribution.
+
+    Attributes:
+        failures: Failed calls per logger name, since the engine started.
+    """
+
+    def __init__(self, loggers: Sequence[tuple[str, StatLogger]],
+                 entries: Mapping[str, PluginEntry] | None = None) -> None:
         self.loggers = dict(loggers)
-        self._failed: set[tuple[str, str]] = set()
+        self.entries = dict(entries or {})
+        self.failures: Counter[str] = Counter()
+        self._failures_by_method: Counter[tuple[str, str]] = Counter()
+        #: (name, method) -> (exception type, message) of the error last logged for it.
+        self._last_logged: dict[tuple[str, str], tuple[str, str]] = {}
         self._shut_down = False
 
     def record(self, scheduler_stats: SchedulerStats | None,
@@ -110,26 +138,49 @@ class StatLoggerSet:
         self._call_each("log_engine_initialized")
 
     def shutdown(self) -> None:
-        """Call every logger's ``shutdown()``: once per logger, later calls do nothing."""
+        """Call every logger's ``shutdown()``: once per logger, later calls do nothing.
+
+        Then one WARNING per logger that failed at any time, with its failure counts.
+        """
         if self._shut_down:
             return
         self._shut_down = True
         self._call_each("shutdown")
+        for name, count in self.failures.items():
+            per_method = ", ".join(f"{method}() {n}" for (who, method), n
+                                   in self._failures_by_method.items() if who == name)
+            logger.warning("%s: %d failed call%s while the engine ran (%s)",
+                           self.describe(name), count, "" if count == 1 else "s", per_method)
+
+    def describe(self, name: str, cause: str = "") -> str:
+        """How messages name logger ``name``: the plugin's identity, or the built-in's name."""
+        entry = self.entries.get(name)
+        if entry is None:
+            return f"stat logger {name!r}" + (f": {cause}" if cause else "")
+        return str(plugin_error(entry, cause)).removesuffix(": ")
 
     def _call_each(self, method: str, *args: object) -> None:
         for name, stat_logger in self.loggers.items():
             try:
                 getattr(stat_logger, method)(*args)
-            except Exception:  # noqa: BLE001 - a stat logger must not fail requests
-                self._report(name, method)
+            except Exception as exc:  # noqa: BLE001 - a stat logger must not fail requests
+                self._report(name, method, exc)
 
-    def _report(self, name: str, method: str) -> None:
-        if (name, method) in self._failed:
-            logger.debug("stat logger %r raised in %s() again", name, method)
+    def _report(self, name: str, method: str, exc: Exception) -> None:
+        self.failures[name] += 1
+        self._failures_by_method[(name, method)] += 1
+        error = (type(exc).__qualname__, str(exc))
+        if self._last_logged.get((name, method)) == error:
+            logger.debug("%s: %s() raised the same error again (%d failed calls so far)",
+                         self.describe(name), method, self.failures[name])
             return
-        self._failed.add((name, method))
-        logger.exception("stat logger %r raised in %s(); its stats for this step are lost "
-                         "(further errors are logged at DEBUG)", name, method)
+        self._last_logged[(name, method)] = error
+        logger.error(
+            "%s", self.describe(name, (
+                f"{method}() raised {type(exc).__name__}: {exc}. Its stats of this call are "
+                f"lost; requests and the other stat loggers are unaffected. It is still "
+                f"called; until its error changes, further failures are only counted")),
+            exc_info=exc)
 
 
 def stat_logger_context(setup: EngineSetup, info: EngineInfo, name: str,
@@ -159,6 +210,7 @@ def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
         PluginError: a plugin's options are invalid or its constructor raised, naming it.
     """
     loggers: list[tuple[str, StatLogger]] = []
+    entries = {name: setup.catalog.resolve(STAT_LOGGERS, name) for name in plugin_classes}
     if log_stats:
         loggers.append(("logging", LoggingStatLogger(stat_logger_context(setup, info,
                                                                          "logging"))))
@@ -170,4 +222,4 @@ def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
             return cls(stat_logger_context(setup, info, name, options))
 
         loggers.append((name, construct_plugin(setup, STAT_LOGGERS, name, cls, make)))
-    return StatLoggerSet(loggers)
+    return StatLoggerSet(loggers, entries)

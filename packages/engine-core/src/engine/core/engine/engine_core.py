@@ -9,12 +9,18 @@ With ``--kv-connector NAME`` it also builds the connector's scheduler side, afte
 executor has sized the KV cache (each worker builds its own worker side then), and hands
 it to the scheduler in ``SchedulerContext.kv_connector``; the connector class is loaded
 first, so an unknown or broken connector stops start-up before any weight is read.
+
+A plugin that raises while a step runs fails the requests it was serving, not the engine:
+the workers report them in ``ModelRunnerOutput.failed``, and ``step`` ends each with
+``FINISHED_ERROR`` (its blocks freed, nothing it wrote left in the prefix cache) and an
+output whose ``error`` names the plugin; the failure is logged once per step, listing the
+requests. Everyone else's tokens of that step are delivered as usual.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from engine.core.engine.scheduler_factory import make_scheduler
@@ -28,6 +34,7 @@ from engine.core.kv_connectors import (
 )
 from engine.core.messages import EngineInfo
 from engine.core.startup import EngineSetup
+from engine.sdk.errors import PluginFailure
 from engine.sdk.kv_connector import KVConnectorRole, KVConnectorScheduler
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
@@ -118,7 +125,26 @@ class EngineCore:
             return []
         scheduler_output = self.scheduler.schedule()
         runner_output = self.executor.execute_model(scheduler_output)
-        return self.scheduler.update_from_output(scheduler_output, runner_output)
+        outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
+        if runner_output.failed:
+            outputs = self._fail_requests(outputs, runner_output.failed)
+        return outputs
+
+    def _fail_requests(self, outputs: list[EngineCoreOutput],
+                       failed: Mapping[str, PluginFailure]) -> list[EngineCoreOutput]:
+        """End the requests a plugin failed this step; their outputs replace any others."""
+        self.scheduler.finish_requests(list(failed), RequestStatus.FINISHED_ERROR)
+        by_failure: dict[PluginFailure, list[str]] = {}
+        for request_id, failure in failed.items():
+            by_failure.setdefault(failure, []).append(request_id)
+        for failure, request_ids in by_failure.items():
+            logger.error("%s; failing %d request(s) of this step: %s", failure.message,
+                         len(request_ids), ", ".join(request_ids[:8])
+                         + (", ..." if len(request_ids) > 8 else ""))
+        kept = [out for out in outputs if out.request_id not in failed]
+        return kept + [EngineCoreOutput(request_id=request_id, new_token_ids=(),
+                                        finish_reason="error", error=failure)
+                       for request_id, failure in failed.items()]
 
     def collective_rpc(self, method: str, args: Sequence[Any] = (),
                        kwargs: dict[str, Any] | None = None,

@@ -147,6 +147,7 @@ class OutputProcessor:
         if out.finished:
             completion.finish_reason = out.finish_reason
             completion.stop_reason = out.stop_reason
+            completion.error = out.error
         return False
 
     def _logprob_steps(self, logprobs: SampleLogprobs) -> list[LogprobsStep]:

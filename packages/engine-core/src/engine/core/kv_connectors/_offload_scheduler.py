@@ -35,7 +35,7 @@ from engine.core.kv_connectors._offload_common import (
     rank_dir,
 )
 from engine.sdk.kv_connector import KVConnectorContext, KVConnectorScheduler
-from engine.sdk.scheduler import RequestView, SchedulerOutput
+from engine.sdk.scheduler import RequestStatus, RequestView, SchedulerOutput
 
 logger = logging.getLogger("engine.kv_connector.offload")
 
@@ -56,6 +56,10 @@ class _DirectoryIndex:
     def add(self, key: str) -> list[str]:
         self._saving.add(key)
         return []
+
+    def forget(self, key: str) -> None:
+        """A save that may not have happened: let a later request save ``key`` again."""
+        self._saving.discard(key)
 
 
 class _MemoryIndex:
@@ -81,6 +85,10 @@ class _MemoryIndex:
         while len(self._keys) > self.capacity:
             evicted.append(self._keys.popitem(last=False)[0])
         return evicted
+
+    def forget(self, key: str) -> None:
+        """A save that may not have happened: the key is not offered until saved again."""
+        self._keys.pop(key, None)
 
 
 @dataclass
@@ -126,6 +134,7 @@ class OffloadScheduler(KVConnectorScheduler):
         self._keys: dict[str, list[str]] = {}  # request id -> its prompt blocks' keys
         self._tracked: dict[str, _Tracked] = {}
         self._step = _Step()
+        self._last_saves: dict[str, list[str]] = {}  # request id -> keys its last step saves
         self.num_loaded_tokens = 0  # tokens handed to the scheduler over this engine's life
 
     def _prompt_keys(self, request: RequestView) -> list[str]:
@@ -192,6 +201,9 @@ class OffloadScheduler(KVConnectorScheduler):
         for req_id in list(self._tracked):
             self._plan_saves(req_id, self._tracked[req_id])
         step, self._step = self._step, _Step()
+        self._last_saves = {}
+        for save in step.saves:
+            self._last_saves.setdefault(save.req_id, []).append(save.key)
         return OffloadMeta(loads=tuple(step.loads), saves=tuple(step.saves),
                            evictions=tuple(step.evictions),
                            load_async=self.load_async and bool(step.loads))
@@ -217,6 +229,10 @@ class OffloadScheduler(KVConnectorScheduler):
     ) -> tuple[bool, dict[str, Any] | None]:
         self._keys.pop(request.request_id, None)
         self._tracked.pop(request.request_id, None)
+        saves = self._last_saves.pop(request.request_id, ())
+        if request.status is RequestStatus.FINISHED_ERROR:  # a plugin failed its last step:
+            for key in saves:  # the blocks planned then may never have been written
+                self.index.forget(key)
         return False, None
 
 

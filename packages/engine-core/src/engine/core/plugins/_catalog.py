@@ -136,12 +136,7 @@ class PluginCatalog:
         candidates = self._by_key.get((group, name), [])
         allowed = [e for e in candidates if self.decision(e).allowed]
         if len(allowed) > 1:
-            providers = " and ".join(e.provider for e in allowed)
-            raise PluginError(
-                f"two distributions provide {name!r}: {providers}. Uninstall one, or keep one "
-                f"with {self.allowlist.source}=<distribution>.",
-                plugin=name, group=group,
-            )
+            raise conflict_error(allowed, self.allowlist.source)
         if allowed:
             return allowed[0]
         if candidates:
@@ -199,6 +194,23 @@ class PluginCatalog:
         for (group, name), entries in self._by_key.items():
             if sum(self.decision(e).allowed for e in entries) > 1:
                 self.resolve(group, name)
+
+
+def conflict_error(entries: list[PluginEntry], allowlist_source: str) -> PluginError:
+    """The error for one ``(group, name)`` that several allowed distributions provide.
+
+    ``PluginError`` names one distribution, or says "not from an installed distribution"
+    when given none; a conflict has several, so the message names every one of them in the
+    usual ``plugin 'x' (group G, ...)`` shape, and ``distribution`` stays None.
+    """
+    first = entries[0]
+    providers = " and ".join(e.provider for e in entries)
+    cause = (f"{len(entries)} distributions provide {first.name!r}. Uninstall all but one, "
+             f"or keep one with {allowlist_source}=<distribution>.")
+    error = PluginError(f"plugin {first.name!r} (group {first.group}, distributions "
+                        f"{providers}): {cause}")
+    error.cause, error.plugin, error.group = cause, first.name, first.group
+    return error
 
 
 def _distribution_of(path: str) -> tuple[str | None, str | None]:

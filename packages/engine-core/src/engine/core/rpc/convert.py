@@ -21,7 +21,7 @@ from typing import cast
 
 from engine.core.messages import EngineInfo, StepOutputs
 from engine.core.rpc._gen import engine_core_pb2 as pb
-from engine.sdk.errors import ValidationError
+from engine.sdk.errors import PluginFailure, ValidationError
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus, SampleLogprobs
 from engine.sdk.stats import PrefixCacheStats, SchedulerStats
@@ -205,6 +205,24 @@ def output_to_proto(output: EngineCoreOutput, into: pb.EngineCoreOutput) -> None
         into.finish_reason = output.finish_reason
     if output.stop_reason is not None:
         into.stop_reason = output.stop_reason
+    if output.error is not None:
+        failure_to_proto(output.error, into.error)
+
+
+def failure_to_proto(failure: PluginFailure, into: pb.PluginFailure) -> None:
+    """Write ``failure`` into ``into``."""
+    into.cause = failure.cause
+    for name in ("plugin", "group", "distribution", "version"):
+        value = getattr(failure, name)
+        if value is not None:
+            setattr(into, name, value)
+
+
+def failure_from_proto(msg: pb.PluginFailure) -> PluginFailure:
+    """The inverse of :func:`failure_to_proto`."""
+    fields = {name: getattr(msg, name) if msg.HasField(name) else None
+              for name in ("plugin", "group", "distribution", "version")}
+    return PluginFailure(msg.cause, **fields)
 
 
 def output_from_proto(msg: pb.EngineCoreOutput) -> EngineCoreOutput:
@@ -218,6 +236,7 @@ def output_from_proto(msg: pb.EngineCoreOutput) -> EngineCoreOutput:
         finish_reason=msg.finish_reason if msg.HasField("finish_reason") else None,
         stop_reason=msg.stop_reason if msg.HasField("stop_reason") else None,
         num_cached_tokens=msg.num_cached_tokens,
+        error=failure_from_proto(msg.error) if msg.HasField("error") else None,
     )
 
 

@@ -30,6 +30,8 @@ from itertools import chain
 
 from engine.core.rpc._gen import worker_pb2 as pb
 from engine.core.rpc.convert import (
+    failure_from_proto,
+    failure_to_proto,
     logprobs_from_proto,
     logprobs_to_proto,
     pack_int32,
@@ -273,6 +275,8 @@ def runner_output_to_proto(out: ModelRunnerOutput, into: pb.ModelRunnerOutput | 
         item.logprobs.CopyFrom(logprobs_to_proto(logprobs))
     msg.finished_sending.extend(out.finished_sending)
     msg.finished_recving.extend(out.finished_recving)
+    for req_id, failure in out.failed.items():
+        failure_to_proto(failure, msg.failed[req_id])
     return msg
 
 
@@ -290,4 +294,5 @@ def runner_output_from_proto(msg: pb.ModelRunnerOutput) -> ModelRunnerOutput:
         prompt_logprobs=prompt_logprobs,
         finished_sending=frozenset(msg.finished_sending),
         finished_recving=frozenset(msg.finished_recving),
+        failed={req_id: failure_from_proto(item) for req_id, item in msg.failed.items()},
     )

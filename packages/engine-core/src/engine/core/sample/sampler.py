@@ -27,6 +27,7 @@ middle of a chunked prefill do not draw from their generator.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -39,6 +40,10 @@ from engine.core.sample.topk_topp import (
     top_k_top_p_candidates,
     uses_top_k_top_p,
 )
+
+if TYPE_CHECKING:
+    from engine.core.sample.faults import LogitsFaults
+    from engine.sdk.logits_processor import LogitsProcessor
 
 __all__ = ["Sampler", "SamplerOutput", "draw_uniform", "make_request_generator"]
 
@@ -98,7 +103,19 @@ class Sampler:
 
     Stateless: all per-request state is in the :class:`SamplingMetadata` (and in the
     logits processors it lists). May modify ``logits`` in place.
+
+    Args:
+        faults: Records a logits processor's failure (and the rows it failed) instead of
+            raising it (rank 0's worker); None lets exceptions propagate.
     """
+
+    def __init__(self, faults: LogitsFaults | None = None) -> None:
+        self.faults = faults
+
+    def _apply(self, processor: LogitsProcessor, logits: torch.Tensor) -> torch.Tensor:
+        if self.faults is None:
+            return processor.apply(logits)
+        return self.faults.apply(processor, logits)
 
     def __call__(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
         """Sample the batch.
@@ -115,7 +132,7 @@ class Sampler:
         if metadata.max_num_logprobs is not None:
             raw_logprobs = compute_logprobs(logits)
         for processor in metadata.non_argmax_invariant_processors:
-            logits = processor.apply(logits)
+            logits = self._apply(processor, logits)
         if metadata.penalties is not None:
             logits = apply_penalties(logits, metadata.penalties)
         sampled = self.sample(logits, metadata)
@@ -141,7 +158,7 @@ class Sampler:
         if metadata.temperature is not None:
             logits.div_(metadata.temperature.unsqueeze(1))
         for processor in metadata.argmax_invariant_processors:
-            logits = processor.apply(logits)
+            logits = self._apply(processor, logits)
         if metadata.min_p is not None:
             logits = apply_min_p(logits, metadata.min_p)
         return self.random_sample(logits, metadata, greedy)

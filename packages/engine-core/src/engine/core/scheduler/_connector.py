@@ -198,16 +198,24 @@ class KVConnectorBridge:
 
         A request aborted while its asynchronous load is in flight keeps its blocks until
         the load is reported (the worker is still writing them), whatever the connector
-        answers.
+        answers. A ``request_finished`` that raises is logged (naming the connector) and
+        answered as ``(False, None)``: the request ends as it would have.
         """
         request_id = request.request_id
         was_loading = self.loading.pop(request_id, None) is not None
-        result = self._call("request_finished", self.connector.request_finished, request,
-                            tuple(block_ids))
-        if not isinstance(result, tuple) or len(result) != 2:
-            raise kv_connector_error(
-                self.name, f"request_finished returned {result!r}; it must return "
-                           f"(free_later: bool, kv_transfer_params: dict | None)")
+        try:
+            result = self._call("request_finished", self.connector.request_finished, request,
+                                tuple(block_ids))
+            if not isinstance(result, tuple) or len(result) != 2:
+                raise kv_connector_error(
+                    self.name, f"request_finished returned {result!r}; it must return "
+                               f"(free_later: bool, kv_transfer_params: dict | None)")
+        except PluginError as exc:
+            # The request's own result stands (it had ended); its blocks are not held for
+            # a save the connector can no longer be trusted with.
+            logger.error("%s; request %s ends as it was, its blocks are freed now", exc,
+                         request_id)
+            result = (False, None)
         free_later, params = result
         if params is not None:
             logger.debug("%s: kv_transfer_params of %r: %r", self.name, request_id, params)

@@ -34,27 +34,34 @@ asynchronously, the request takes its blocks and waits outside the queue until a
 reports the load (``ModelRunnerOutput.finished_recving``). Each ``schedule()`` ends with
 the connector's metadata for the step; a finished request's blocks may be held until a
 worker reports its save (``finished_sending``). See ``engine.core.scheduler._connector``.
+
+A connector call that raises fails the requests it concerned, not the engine: a lookup or
+``update_state_after_alloc`` that one request; ``build_connector_meta`` every request of
+the step (the step then runs nothing). They end with ``FINISHED_ERROR``, their blocks
+freed and left out of the prefix cache, reported by the next ``update_from_output`` with
+an ``error`` naming the connector. (``finish_requests(ids, FINISHED_ERROR)``, which
+EngineCore calls for requests a worker-side plugin failed, frees the same way.)
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from engine.core.kv_cache import KVCacheBlock, KVCacheManager
 from engine.core.scheduler._connector import KVConnectorBridge
+from engine.core.scheduler._step import Lookup, Step, build_output, request_output
 from engine.core.scheduler._validation import validate_context, validate_request
 from engine.core.scheduler.policies import FCFSPolicy
 from engine.core.scheduler.request import Request
 from engine.core.scheduler.waiting_queue import WaitingQueue
+from engine.sdk.errors import PluginError, PluginFailure
 from engine.sdk.scheduler import (
-    CachedRequestData,
     EngineCoreOutput,
     EngineRequest,
     ModelRunnerOutput,
-    NewRequestData,
     RequestStatus,
-    SampleLogprobs,
     SchedulerContext,
     SchedulerInterface,
     SchedulerOutput,
@@ -62,28 +69,7 @@ from engine.sdk.scheduler import (
 from engine.sdk.scheduling_policy import SchedulerState, SchedulingPolicy, SchedulingPolicyContext
 from engine.sdk.stats import SchedulerStats
 
-
-@dataclass
-class _Step:
-    """The step being built by ``schedule()``."""
-
-    token_budget: int
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
-    new_reqs: list[Request] = field(default_factory=list)
-    # Running requests scheduled again, with the block ids appended for them this step.
-    cached_reqs: dict[str, tuple[Request, tuple[int, ...]]] = field(default_factory=dict)
-    preempted_req_ids: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True)
-class _Lookup:
-    """What a waiting request finds computed at admission."""
-
-    hit_blocks: list[KVCacheBlock]
-    num_local_tokens: int  # prefix-cache hits, or tokens an asynchronous load brought
-    num_external_tokens: int = 0  # offered by the KV connector and taken
-    load_async: bool = False
-    asked_connector: bool = False
+logger = logging.getLogger("engine.scheduler")
 
 
 class Scheduler(SchedulerInterface):
@@ -121,6 +107,8 @@ class Scheduler(SchedulerInterface):
         self._running: list[Request] = []
         self._waiting = WaitingQueue(self.policy)
         self._finished_req_ids: set[str] = set()
+        # Requests a connector call failed, reported by the next update_from_output.
+        self._failed: dict[str, PluginFailure] = {}
         self._connector = (KVConnectorBridge(ctx.kv_connector)
                            if ctx.kv_connector is not None else None)
         # Waiting requests holding blocks an asynchronous connector load filled.
@@ -211,19 +199,23 @@ class Scheduler(SchedulerInterface):
 
     def schedule(self) -> SchedulerOutput:
         """Choose the requests and token counts of the next forward pass (module header)."""
-        step = _Step(token_budget=self.ctx.max_num_batched_tokens)
+        step = Step(token_budget=self.ctx.max_num_batched_tokens)
         self._schedule_running(step)
         if not step.preempted_req_ids:
             self._schedule_waiting(step)
         output = self._build_output(step)
         if self._connector is not None:
-            output = replace(output, kv_connector_metadata=self._connector.build_meta(output))
+            try:
+                output = replace(output,
+                                 kv_connector_metadata=self._connector.build_meta(output))
+            except PluginError as exc:
+                output = self._fail_step(step, output, exc)
         requests = self._requests
         for request_id, num_tokens in step.num_scheduled_tokens.items():
             requests[request_id].num_computed_tokens += num_tokens
         return output
 
-    def _schedule_running(self, step: _Step) -> None:
+    def _schedule_running(self, step: Step) -> None:
         for request in tuple(self._running):
             if step.token_budget == 0:
                 break
@@ -243,7 +235,7 @@ class Scheduler(SchedulerInterface):
             step.cached_reqs[request.request_id] = (request, new_block_ids)
 
     def _allocate_or_preempt(
-        self, request: Request, num_new_tokens: int, step: _Step
+        self, request: Request, num_new_tokens: int, step: Step
     ) -> list[KVCacheBlock] | None:
         """Allocate for a running request, preempting victims until it fits (or is one)."""
         while True:
@@ -266,7 +258,7 @@ class Scheduler(SchedulerInterface):
             )
         return victim
 
-    def _preempt(self, victim: Request, step: _Step) -> None:
+    def _preempt(self, victim: Request, step: Step) -> None:
         self._running.remove(victim)
         request_id = victim.request_id
         num_unscheduled = step.num_scheduled_tokens.pop(request_id, 0)
@@ -280,12 +272,17 @@ class Scheduler(SchedulerInterface):
         step.preempted_req_ids.add(request_id)
         self._num_preemptions += 1
 
-    def _schedule_waiting(self, step: _Step) -> None:
+    def _schedule_waiting(self, step: Step) -> None:
         kv = self.kv_cache_manager
         max_num_seqs = self.ctx.max_num_seqs
         while self._waiting and step.token_budget > 0 and len(self._running) < max_num_seqs:
             request = self._waiting.peek()
-            found = self._lookup(request)
+            try:
+                found = self._lookup(request)
+            except PluginError as exc:
+                self._waiting.pop()
+                self._fail(request, exc)
+                continue
             if found.load_async:
                 if not self._start_async_load(request, found, step):
                     break
@@ -309,8 +306,12 @@ class Scheduler(SchedulerInterface):
             self._waiting.pop()
             request.num_computed_tokens = found.num_local_tokens
             if found.asked_connector and self._connector is not None:
-                self._connector.after_alloc(request, kv.get_block_ids(request.request_id),
-                                            found.num_external_tokens)
+                try:
+                    self._connector.after_alloc(request, kv.get_block_ids(request.request_id),
+                                                found.num_external_tokens)
+                except PluginError as exc:
+                    self._fail(request, exc)
+                    continue
                 kv.record_external_hits(found.num_external_tokens)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
@@ -322,19 +323,19 @@ class Scheduler(SchedulerInterface):
             step.num_scheduled_tokens[request.request_id] = num_new_tokens
             step.token_budget -= num_new_tokens
 
-    def _lookup(self, request: Request) -> _Lookup:
+    def _lookup(self, request: Request) -> Lookup:
         """Tokens of a waiting request already available: local hits, then the connector's."""
         kv = self.kv_cache_manager
         if kv.get_blocks(request.request_id):  # its asynchronous load has completed
-            return _Lookup([], request.num_computed_tokens)
+            return Lookup([], request.num_computed_tokens)
         # Prompt logprobs need every prompt position computed: no hits of either kind.
         if request.sampling_params.prompt_logprobs is not None:
-            return _Lookup([], 0)
+            return Lookup([], 0)
         hit_blocks, num_hit_tokens = kv.get_computed_blocks(request)
         if self._connector is None:
-            return _Lookup(hit_blocks, num_hit_tokens)
+            return Lookup(hit_blocks, num_hit_tokens)
         num_external, load_async = self._connector.match(request, num_hit_tokens)
-        return _Lookup(hit_blocks, num_hit_tokens, num_external, load_async, True)
+        return Lookup(hit_blocks, num_hit_tokens, num_external, load_async, True)
 
     def _unpark_for(self, request: Request) -> bool:
         """Free the blocks of parked requests when nothing else could make room.
@@ -356,7 +357,7 @@ class Scheduler(SchedulerInterface):
             parked.num_computed_tokens = 0
         return True
 
-    def _start_async_load(self, request: Request, found: _Lookup, step: _Step) -> bool:
+    def _start_async_load(self, request: Request, found: Lookup, step: Step) -> bool:
         """Give ``request`` blocks for its external tokens and park it until they arrive.
 
         Returns False (nothing changed) when the blocks or the policy say not now.
@@ -373,12 +374,16 @@ class Scheduler(SchedulerInterface):
             raise RuntimeError("KV-cache allocation failed after can_allocate agreed")
         self._waiting.pop()
         request.num_computed_tokens = found.num_local_tokens
-        connector.after_alloc(request, kv.get_block_ids(request.request_id), num_external)
+        try:
+            connector.after_alloc(request, kv.get_block_ids(request.request_id), num_external)
+        except PluginError as exc:
+            self._fail(request, exc)
+            return True
         kv.record_external_hits(num_external)
         connector.start_loading(request, found.num_local_tokens + num_external)
         return True
 
-    def _state(self, step: _Step) -> SchedulerState:
+    def _state(self, step: Step) -> SchedulerState:
         return SchedulerState(
             num_running=len(self._running),
             num_waiting=len(self._waiting),
@@ -388,35 +393,11 @@ class Scheduler(SchedulerInterface):
             token_budget=step.token_budget,
         )
 
-    def _build_output(self, step: _Step) -> SchedulerOutput:
-        kv = self.kv_cache_manager
-        new_reqs = tuple(
-            NewRequestData(
-                req_id=request.request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=request.sampling_params,
-                block_ids=tuple(kv.get_block_ids(request.request_id)),
-                num_computed_tokens=request.num_computed_tokens,
-                output_token_ids=tuple(request.output_token_ids),
-            )
-            for request in step.new_reqs
-        )
-        cached = step.cached_reqs.values()
-        cached_reqs = CachedRequestData(
-            req_ids=tuple(request.request_id for request, _ in cached),
-            new_block_ids=tuple(block_ids for _, block_ids in cached),
-            num_computed_tokens=tuple(request.num_computed_tokens for request, _ in cached),
-        )
+    def _build_output(self, step: Step) -> SchedulerOutput:
         finished_req_ids = frozenset(self._finished_req_ids)
         self._finished_req_ids.clear()
-        return SchedulerOutput(
-            scheduled_new_reqs=new_reqs,
-            scheduled_cached_reqs=cached_reqs,
-            num_scheduled_tokens=step.num_scheduled_tokens,
-            total_num_scheduled_tokens=self.ctx.max_num_batched_tokens - step.token_budget,
-            finished_req_ids=finished_req_ids,
-            preempted_req_ids=frozenset(step.preempted_req_ids),
-        )
+        return build_output(step, self.kv_cache_manager, finished_req_ids,
+                            self.ctx.max_num_batched_tokens)
 
     # -- results ---------------------------------------------------------------------
 
@@ -436,7 +417,7 @@ class Scheduler(SchedulerInterface):
             if request is None or request.status is not RequestStatus.RUNNING:
                 continue
             row = row_of.get(request_id)
-            output = self._update_request(request, row, runner_output)
+            output = request_output(request, row, runner_output)
             if output is None:
                 continue
             outputs.append(output)
@@ -448,7 +429,39 @@ class Scheduler(SchedulerInterface):
             self._running = [r for r in self._running if r.status is RequestStatus.RUNNING]
         if self._connector is not None:
             self._apply_transfers(runner_output)
+        if self._failed:
+            outputs.extend(EngineCoreOutput(request_id, (), finish_reason="error", error=failure)
+                           for request_id, failure in self._failed.items())
+            self._failed.clear()
         return outputs
+
+    def _fail(self, request: Request, error: PluginError) -> None:
+        """End ``request`` now because a connector call failed it (module docstring)."""
+        self._requests.pop(request.request_id, None)
+        if request in self._running:
+            self._running.remove(request)
+        request.status = RequestStatus.FINISHED_ERROR
+        self._free_request(request)
+        self._failed[request.request_id] = PluginFailure.from_error(error)
+        logger.error("%s; failing request %s", error, request.request_id)
+
+    def _fail_step(self, step: Step, output: SchedulerOutput,
+                   error: PluginError) -> SchedulerOutput:
+        """``build_connector_meta`` failed: fail the step's requests, schedule nothing."""
+        for request_id in list(step.num_scheduled_tokens):
+            request = self._requests.get(request_id)
+            if request is not None:
+                self._fail(request, error)
+        step.num_scheduled_tokens.clear()
+        step.new_reqs.clear()
+        step.cached_reqs.clear()
+        self._finished_req_ids |= output.finished_req_ids
+        empty = self._build_output(step)
+        assert self._connector is not None
+        try:  # the workers' connector side expects metadata on every step
+            return replace(empty, kv_connector_metadata=self._connector.build_meta(empty))
+        except PluginError:
+            return empty
 
     def _free_request(self, request: Request) -> None:
         """Free a finished request's blocks (unless the connector holds them); report it."""
@@ -457,7 +470,9 @@ class Scheduler(SchedulerInterface):
         kv = self.kv_cache_manager
         if self._connector is None or not self._connector.finished(
                 request, kv.get_block_ids(request_id)):
-            kv.free(request)
+            # A failed request's KV may be incomplete: none of it stays in the prefix cache.
+            kv.free(request, num_valid_tokens=(
+                0 if request.status is RequestStatus.FINISHED_ERROR else None))
         self._finished_req_ids.add(request_id)
 
     def _apply_transfers(self, runner_output: ModelRunnerOutput) -> None:
@@ -472,37 +487,6 @@ class Scheduler(SchedulerInterface):
             self._waiting.push(request)
         for request in results.released:
             kv.free(request)
-
-    def _update_request(
-        self, request: Request, row: int | None, runner_output: ModelRunnerOutput
-    ) -> EngineCoreOutput | None:
-        new_token_ids: tuple[int, ...] = ()
-        # A request still catching up (partial prefill chunk) samples nothing.
-        if row is not None and request.num_computed_tokens >= request.num_tokens:
-            sampled = runner_output.sampled_token_ids[row]
-            for index, token_id in enumerate(sampled):
-                if request.append_output_token(token_id):
-                    new_token_ids = sampled[: index + 1]
-                    break
-            else:
-                new_token_ids = sampled
-        prompt_logprobs = runner_output.prompt_logprobs.get(request.request_id)
-        finished = request.status is not RequestStatus.RUNNING
-        if not new_token_ids and not finished and prompt_logprobs is None:
-            return None
-        new_logprobs = None
-        logprobs = runner_output.logprobs
-        if new_token_ids and logprobs is not None and request.sampling_params.logprobs is not None:
-            new_logprobs = _logprobs_row(logprobs, row)
-        return EngineCoreOutput(
-            request_id=request.request_id,
-            new_token_ids=tuple(new_token_ids),
-            new_logprobs=new_logprobs,
-            new_prompt_logprobs=prompt_logprobs,
-            finish_reason=request.status.finish_reason if finished else None,
-            stop_reason=request.stop_reason,
-            num_cached_tokens=request.num_cached_tokens,
-        )
 
     # -- maintenance -----------------------------------------------------------------
 
@@ -524,12 +508,3 @@ class Scheduler(SchedulerInterface):
             num_preempted_reqs=num_preemptions,
         )
 
-
-def _logprobs_row(logprobs: SampleLogprobs, row: int | None) -> SampleLogprobs | None:
-    if row is None or row >= len(logprobs.token_ids) or not logprobs.token_ids[row]:
-        return None
-    return SampleLogprobs(
-        token_ids=(logprobs.token_ids[row],),
-        logprobs=(logprobs.logprobs[row],),
-        sampled_token_ranks=(logprobs.sampled_token_ranks[row],),
-    )

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -43,6 +44,9 @@ from engine.sdk.logits_processor import (
 )
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import NewRequestData
+
+if TYPE_CHECKING:
+    from engine.core.sample.faults import LogitsFaults
 
 __all__ = ["CachedRequestState", "InputBatch"]
 
@@ -113,6 +117,8 @@ class InputBatch:
         device: Where sampling tensors go.
         logits_processors: Every processor of the worker; each gets ``update_state`` on
             every commit.
+        faults: Records a processor's failure instead of raising it (rank 0's worker);
+            None lets exceptions propagate.
 
     Attributes:
         token_ids_cpu: ``[max_num_reqs, max_model_len]`` int32 prompt + output ids.
@@ -127,8 +133,10 @@ class InputBatch:
 
     def __init__(self, max_num_reqs: int, max_model_len: int, max_num_blocks_per_req: int,
                  vocab_size: int, device: torch.device | str,
-                 logits_processors: Sequence[LogitsProcessor]) -> None:
+                 logits_processors: Sequence[LogitsProcessor],
+                 faults: LogitsFaults | None = None) -> None:
         self.max_num_reqs = max_num_reqs
+        self.faults = faults
         self.max_model_len = max_model_len
         self.max_num_blocks_per_req = max_num_blocks_per_req
         self.vocab_size = vocab_size
@@ -287,8 +295,12 @@ class InputBatch:
                 moved=tuple(self._moved),
             )
         self._removed, self._added, self._moved = set(), {}, []
+        faults = self.faults
         for processor in self.logits_processors:
-            processor.update_state(update)
+            if faults is None:
+                processor.update_state(update)
+            else:
+                faults.update_state(processor, update)
         return update
 
     def _check_not_condensed(self, method: str) -> None:

@@ -20,6 +20,12 @@ and the other ranks return an empty output.
 With a KV connector, every step (also one that runs no forward pass) is wrapped in the
 connector's ``start_step`` / ``finish_step`` (``engine.core.worker.kv_connector``); its
 finished transfers go into ``finished_sending`` / ``finished_recving``.
+
+A plugin that raises fails requests, not the worker (``ModelRunnerOutput.failed``): a logits
+processor the rows it served (``engine.core.sample.faults``); a ``PluginError`` naming a
+plugin raised while the step runs (a KV connector hook, a custom op), or an exception
+whose traceback ends in a plugin's module (``engine.core.plugin_faults``), every request of
+the step, whose tokens are then discarded. Any other exception is a bug and propagates.
 """
 
 from __future__ import annotations
@@ -31,11 +37,14 @@ import numpy as np
 import torch
 
 from engine.core.distributed import SINGLE, TensorParallelGroup, broadcast_from_driver
+from engine.core.plugin_faults import ForwardAttribution
+from engine.core.sample.faults import LogitsFaults
 from engine.core.sample.logprobs import compute_logprobs, gather_logprobs, to_sample_logprobs
 from engine.core.sample.sampler import Sampler
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import AttentionMetadataBuilder
+from engine.sdk.errors import PluginError, PluginFailure
 from engine.sdk.scheduler import ModelRunnerOutput, SampleLogprobs, SchedulerOutput
 
 if TYPE_CHECKING:
@@ -51,6 +60,7 @@ class ModelRunner:
         self, *, model: Any, builder: AttentionMetadataBuilder[Any], input_batch: InputBatch,
         block_size: int, device: torch.device, vocab_size: int,
         tp: TensorParallelGroup = SINGLE, kv_connector: WorkerKVConnector | None = None,
+        faults: LogitsFaults | None = None, attribution: ForwardAttribution | None = None,
     ) -> None:
         self.model = model
         self.kv_connector = kv_connector
@@ -60,7 +70,9 @@ class ModelRunner:
         self.block_size = block_size
         self.device = device
         self.vocab_size = vocab_size
-        self.sampler = Sampler()
+        self.faults = faults
+        self.attribution = attribution
+        self.sampler = Sampler(faults)
         self.requests: dict[str, CachedRequestState] = {}
 
     def _update_states(self, out: SchedulerOutput) -> None:
@@ -104,16 +116,47 @@ class ModelRunner:
     @torch.inference_mode()
     def execute_model(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; see the module docstring."""
+        if self.faults is not None:
+            self.faults.reset()
         self._update_states(out)
         connector = self.kv_connector
+        try:
+            if connector is not None:
+                connector.start_step(out)
+            output = self._run(out)
+        except PluginError as exc:
+            output = self._failed_step(out, exc)
+        except Exception as exc:
+            named = self.attribution.error(exc) if self.attribution is not None else None
+            if named is None:
+                raise
+            named.__cause__ = exc
+            output = self._failed_step(out, named)
         if connector is None:
-            return self._run(out)
-        connector.start_step(out)
-        output = self._run(out)
-        sending, recving = connector.finish_step(out)
+            return output
+        try:
+            sending, recving = connector.finish_step(out)
+        except PluginError as exc:
+            return self._failed_step(out, exc, output)
         if sending or recving:
             output = replace(output, finished_sending=sending, finished_recving=recving)
         return output
+
+    def _failed_step(self, out: SchedulerOutput, exc: PluginError,
+                     output: ModelRunnerOutput | None = None) -> ModelRunnerOutput:
+        """Every request of the step failed (``exc`` names the plugin); tokens discarded.
+
+        Raises:
+            PluginError: ``exc`` names no plugin (an engine bug, not a plugin's).
+        """
+        if exc.plugin is None:
+            raise exc
+        failure = PluginFailure.from_error(exc)
+        failed = dict(output.failed) if output is not None else {}
+        failed.update((req_id, failed.get(req_id, failure)) for req_id in out.num_scheduled_tokens)
+        req_ids = tuple(self.input_batch.req_ids)
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=((),) * len(req_ids),
+                                 failed=failed)
 
     def _run(self, out: SchedulerOutput) -> ModelRunnerOutput:
         batch = self.input_batch
@@ -135,14 +178,16 @@ class ModelRunner:
         complete, tokens = self._append_tokens(broadcast_from_driver(sampled_ids, self.tp),
                                                inputs)
         token_rows: list[tuple[int, ...]] = [()] * len(req_ids)
+        failed = self.faults.by_request(req_ids) if self.faults is not None else {}
         for row in complete.tolist():
-            token_rows[row] = (int(tokens[row]),)
+            if req_ids[row] not in failed:
+                token_rows[row] = (int(tokens[row]),)
         logprobs = None
         if sampled.logprobs is not None:
             logprobs = self._sample_logprobs(sampled.logprobs, req_ids, inputs.is_partial)
         return ModelRunnerOutput(
             req_ids=tuple(req_ids), sampled_token_ids=tuple(token_rows), logprobs=logprobs,
-            prompt_logprobs=self._prompt_logprobs(hidden, inputs, req_ids),
+            prompt_logprobs=self._prompt_logprobs(hidden, inputs, req_ids), failed=failed,
         )
 
     def _append_tokens(self, sampled_ids: torch.Tensor,

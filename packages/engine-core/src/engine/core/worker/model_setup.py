@@ -20,10 +20,11 @@ from engine.core.config import plugin_options_for
 from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
+from engine.core.plugin_faults import guard_forward
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
 from engine.sdk.errors import PluginError, UnsupportedError
-from engine.sdk.groups import ATTENTION_BACKENDS, LINEAR_KERNELS, MODELS
+from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, LINEAR_KERNELS, MODELS
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import CustomOp
@@ -85,9 +86,14 @@ def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None
                        ) -> dict[str, type[CustomOp]]:
     """Replacement op classes in use (``--custom-ops`` and the platform), checked.
 
-    See ``engine.core.custom_op_selection``.
+    See ``engine.core.custom_op_selection``. Each is guarded (``engine.core.plugin_faults``):
+    an exception in its ``forward`` fails the step's requests, naming the plugin.
     """
-    return select_custom_ops(catalog, settings)
+    def naming(name: str) -> Callable[[str], PluginError]:
+        return lambda cause: catalog.error(CUSTOM_OPS, name, cause)
+
+    return {name: guard_forward(cls, naming(name))
+            for name, cls in select_custom_ops(catalog, settings).items()}
 
 
 def make_linear_kernel_selector(

@@ -24,6 +24,8 @@ from torch import nn
 from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
 from engine.core.plugin_construction import construct_plugin, logits_processor_classes
+from engine.core.plugin_faults import ForwardAttribution
+from engine.core.sample.faults import LogitsFaults
 from engine.core.startup import EngineSetup
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
@@ -132,8 +134,12 @@ class Worker:
         self.num_blocks = num_blocks
         logger.info("rank %d KV cache: %d blocks of %d tokens (%.2f GiB)", self.rank,
                     num_blocks, setup.block_size, num_blocks * self._block_bytes / (1 << 30))
+        faults = None
         if self.tp.is_driver:  # only rank 0 samples
-            self.logits_processors = self._make_logits_processors()
+            processors = self._make_logits_processors()
+            self.logits_processors = list(processors.values())
+            faults = LogitsFaults.for_processors(processors, lambda name, cause: (
+                setup.catalog.error(LOGITS_PROCESSORS, name, cause)))
         self.kv_connector = WorkerKVConnector.build(
             setup, layers=layers, kv_caches=self.kv_caches, num_blocks=num_blocks, tp=self.tp)
         self.model_runner = ModelRunner(
@@ -142,10 +148,11 @@ class Worker:
                 max_num_reqs=config.max_num_seqs, max_model_len=setup.max_model_len,
                 max_num_blocks_per_req=-(-setup.max_model_len // setup.block_size),
                 vocab_size=setup.vocab_size, device=self.device,
-                logits_processors=self.logits_processors,
+                logits_processors=self.logits_processors, faults=faults,
             ),
             device=self.device, vocab_size=setup.vocab_size, tp=self.tp,
-            kv_connector=self.kv_connector,
+            kv_connector=self.kv_connector, faults=faults,
+            attribution=ForwardAttribution(setup.catalog),
         )
 
     def _make_builder(self) -> Any:
@@ -159,7 +166,7 @@ class Worker:
         )
         return self.built.backend.get_builder_cls()(ctx)
 
-    def _make_logits_processors(self) -> list[LogitsProcessor]:
+    def _make_logits_processors(self) -> dict[str, LogitsProcessor]:
         setup = self.setup
 
         def build(name: str, cls: type[LogitsProcessor]) -> LogitsProcessor:
@@ -171,7 +178,7 @@ class Worker:
                     is_pin_memory=False, eos_token_id=self.eos_token_id,
                 )))
 
-        return [build(name, cls) for name, cls in logits_processor_classes(setup).items()]
+        return {name: build(name, cls) for name, cls in logits_processor_classes(setup).items()}
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (on every rank); the real output on rank 0, an empty one elsewhere.

@@ -19,6 +19,7 @@ from engine.sdk.logits_processor._per_request import (
     PerRequestLogitsProcessor,
     RequestLogitsProcessor,
 )
+from engine.sdk.logits_processor._rows_failed import RowsFailedError
 
 __all__ = [
     "AddedRequest",
@@ -29,5 +30,6 @@ __all__ = [
     "MovedRequest",
     "PerRequestLogitsProcessor",
     "RequestLogitsProcessor",
+    "RowsFailedError",
     "process_dict_updates",
 ]

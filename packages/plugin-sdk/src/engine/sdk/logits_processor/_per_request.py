@@ -13,8 +13,13 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import LOGITS_PROCESSORS
-from engine.sdk.logits_processor._batch_update import BatchUpdate, process_dict_updates
+from engine.sdk.logits_processor._batch_update import (
+    BatchUpdate,
+    MoveDirectionality,
+    process_dict_updates,
+)
 from engine.sdk.logits_processor._interface import LogitsProcessor, LogitsProcessorContext
+from engine.sdk.logits_processor._rows_failed import RowsFailedError
 from engine.sdk.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
@@ -145,26 +150,52 @@ class PerRequestLogitsProcessor(LogitsProcessor):
         """Follow the batch's slot changes (see :meth:`LogitsProcessor.update_state`).
 
         Raises:
-            PluginError: :meth:`new_req_logits_processor` returned something that is not
-                a 2- or 3-argument callable.
+            RowsFailedError: :meth:`new_req_logits_processor` raised, or returned something
+                that is not a 2- or 3-argument callable, for some added requests (since
+                1.1; the whole update is applied first, those slots get no function).
 
         .. versionadded:: 1.0
         """
-        process_dict_updates(self._slot_to_entry, batch_update, self._new_entry)
+        if batch_update is None:
+            return
+        entries: list[_RequestEntry | None] = []
+        failed: dict[int, BaseException] = {}
+        for added in batch_update.added:
+            try:
+                entries.append(self._new_entry(added.params, added.prompt_token_ids,
+                                               added.output_token_ids))
+            except Exception as exc:  # noqa: BLE001 - that one request fails, not the batch
+                entries.append(None)
+                failed[added.index] = exc
+        made = iter(entries)
+        process_dict_updates(self._slot_to_entry, batch_update, lambda *_: next(made))
+        if failed:
+            raise RowsFailedError(_follow_moves(failed, batch_update))
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         """Call each using request's function on its row (see :meth:`LogitsProcessor.apply`).
 
+        Raises:
+            RowsFailedError: some requests' functions raised (since 1.1); every other row
+                is processed, and only those requests fail.
+
         .. versionadded:: 1.0
         """
+        failed: dict[int, BaseException] = {}
         for index, entry in self._slot_to_entry.items():
             row = logits[index]
-            if entry.takes_prompt:
-                out = entry.fn(entry.prompt_token_ids, entry.output_token_ids, row)
-            else:
-                out = entry.fn(entry.output_token_ids, row)
+            try:
+                if entry.takes_prompt:
+                    out = entry.fn(entry.prompt_token_ids, entry.output_token_ids, row)
+                else:
+                    out = entry.fn(entry.output_token_ids, row)
+            except Exception as exc:  # noqa: BLE001 - that one request fails, not the batch
+                failed[index] = exc
+                continue
             if out is not row:
                 logits[index] = out
+        if failed:
+            raise RowsFailedError(failed, logits)
         return logits
 
     def _new_entry(
@@ -187,3 +218,19 @@ class PerRequestLogitsProcessor(LogitsProcessor):
                 f"{LOGITS_PROCESSORS})"
             )
         return _RequestEntry(fn, takes_prompt, prompt_token_ids, output_token_ids)
+
+
+def _follow_moves(slots: dict[int, BaseException],
+                  batch_update: BatchUpdate) -> dict[int, BaseException]:
+    """Where the added slots in ``slots`` are once ``batch_update``'s moves are applied."""
+    result = dict(slots)
+    for move in batch_update.moved:
+        src, dst = move.from_index, move.to_index
+        if src == dst:
+            continue
+        src_value, dst_value = result.pop(src, None), result.pop(dst, None)
+        if src_value is not None:
+            result[dst] = src_value
+        if dst_value is not None and move.directionality is MoveDirectionality.SWAP:
+            result[src] = dst_value
+    return result

@@ -9,7 +9,8 @@ so ``num_cached_tokens`` counts them. Options exercise the engine's connector pa
 * ``load_async``: loads are reported through ``get_finished`` (the request waits for it);
 * ``delay_free``: ``request_finished`` keeps the blocks until ``get_finished`` reports the
   request as sent (the step after it finished);
-* ``fail_in=HOOK``: that hook raises ``RuntimeError("test_recorder failed in HOOK")``.
+* ``fail_in=HOOK``: that hook raises ``RuntimeError("test_recorder failed in HOOK")``;
+  with ``fail_times=N`` only its first N calls in each process do (0: every call).
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ from engine.sdk import (
     KVConnectorScheduler,
     KVConnectorWorker,
     PluginOptions,
+    RequestStatus,
     RequestView,
     SchedulerOutput,
 )
 
 #: ``"<side>.<hook>"`` -> calls in this process.
 CALLS: Counter[str] = Counter()
+#: Calls of ``fail_in`` so far, per hook (cleared when a connector side is built).
+FAILED: Counter[str] = Counter()
 
 
 class RecorderOptions(PluginOptions):
@@ -42,6 +46,7 @@ class RecorderOptions(PluginOptions):
     load_async: bool = Field(False, description="report loads through get_finished")
     delay_free: bool = Field(False, description="hold finished requests' blocks a step")
     fail_in: str | None = Field(None, description="a hook that raises")
+    fail_times: int = Field(0, ge=0, description="how many calls of fail_in raise (0: all)")
 
 
 class RecorderMeta(KVConnectorMetadata):
@@ -57,7 +62,9 @@ def _record(ctx: KVConnectorContext, side: str, hook: str) -> None:
         with open(options.events, "a") as file:
             file.write(f"{side} {hook} rank={ctx.tp_rank} pid={os.getpid()}\n")
     if options.fail_in == hook:
-        raise RuntimeError(f"test_recorder failed in {hook}")
+        FAILED[hook] += 1
+        if not options.fail_times or FAILED[hook] <= options.fail_times:
+            raise RuntimeError(f"test_recorder failed in {hook}")
 
 
 def _keys(tokens: Sequence[int], block_size: int) -> list[str]:
@@ -68,10 +75,12 @@ def _keys(tokens: Sequence[int], block_size: int) -> list[str]:
 class RecorderScheduler(KVConnectorScheduler):
     def __init__(self, ctx: KVConnectorContext) -> None:
         super().__init__(ctx)
+        FAILED.clear()
         _record(ctx, "scheduler", "__init__")
         self.saved: set[str] = set()
         self.loads: dict[str, list[tuple[int, str]]] = {}
         self.pending: dict[str, list[tuple[int, int, str]]] = {}  # req -> (end, block, key)
+        self.last_saves: dict[str, list[str]] = {}  # the keys the last step saves, per req
 
     def get_num_new_matched_tokens(self, request: RequestView,
                                    num_computed_tokens: int) -> tuple[int, bool]:
@@ -105,12 +114,15 @@ class RecorderScheduler(KVConnectorScheduler):
         computed = {new.req_id: new.num_computed_tokens
                     for new in scheduler_output.scheduled_new_reqs}
         saves = []
+        self.last_saves = {}
         for req_id, pending in self.pending.items():
             if req_id not in computed:
                 continue  # an asynchronous load: saved when it runs
             end = computed[req_id] + scheduler_output.num_scheduled_tokens[req_id]
-            saves += [(block, key) for block_end, block, key in pending
-                      if block_end <= end and key not in self.saved]
+            mine = [(block, key) for block_end, block, key in pending
+                    if block_end <= end and key not in self.saved]
+            self.last_saves[req_id] = [key for _, key in mine]
+            saves += mine
         self.saved.update(key for _, key in saves)
         self.pending = {r: p for r, p in self.pending.items() if r not in computed}
         meta = RecorderMeta(loads=self.loads, saves=saves)
@@ -121,6 +133,8 @@ class RecorderScheduler(KVConnectorScheduler):
                          block_ids: Sequence[int]) -> tuple[bool, dict[str, Any] | None]:
         _record(self.ctx, "scheduler", "request_finished")
         self.pending.pop(request.request_id, None)
+        if request.status is RequestStatus.FINISHED_ERROR:  # its last step's saves may be lost
+            self.saved.difference_update(self.last_saves.pop(request.request_id, ()))
         assert isinstance(self.ctx.options, RecorderOptions)
         return self.ctx.options.delay_free, {"test_recorder": True}
 
@@ -131,6 +145,7 @@ class RecorderScheduler(KVConnectorScheduler):
 class RecorderWorker(KVConnectorWorker):
     def __init__(self, ctx: KVConnectorContext) -> None:
         super().__init__(ctx)
+        FAILED.clear()
         _record(ctx, "worker", "__init__")
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.store: dict[str, dict[str, torch.Tensor]] = {}

@@ -250,7 +250,12 @@ def check_scheduler(factory: SchedulerFactory, *, seeds: range = range(3),
     def run(name: str, changes: dict[str, Any], body: Callable[[SchedulerDriver], None],
             ) -> None:
         driver = SchedulerDriver(factory(replace(base, **changes)))
-        body(driver)
+        try:
+            body(driver)
+        except AssertionError as exc:  # name the scenario (most step checks do not)
+            message = str(exc)
+            named = message.startswith((f"{name}:", f"{name} ("))
+            raise AssertionError(message if named else f"{name}: {message}") from exc
         drivers.append(driver)
         names.append(name)
 

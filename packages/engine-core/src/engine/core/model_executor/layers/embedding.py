@@ -50,6 +50,8 @@ class VocabEmbedding(nn.Module):
         tp: The tensor-parallel group the rows are split across.
     """
 
+    weight: torch.Tensor
+
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, prefix: str,
                  tp: TensorParallelGroup = SINGLE) -> None:
         super().__init__()
@@ -91,6 +93,9 @@ class QuantizedVocabEmbedding(nn.Module):
             parameter has a ``weight_loader``) and looks ids up (``apply(layer, ids)``).
         tp: The tensor-parallel group the rows are split across.
     """
+
+    #: Registered by the quantize method (the built-in ``gguf`` names its table so).
+    weight: torch.Tensor
 
     def __init__(self, info: LayerInfo, quant_method: QuantizeMethod,
                  tp: TensorParallelGroup = SINGLE) -> None:

@@ -1,7 +1,9 @@
 """``LayerFactory``: how models build layers that honour every plugin seam.
 
 A model never instantiates a linear, norm, rotary or attention layer class directly: it
-asks the factory it received in ``ModelContext.layers``. The factory applies the selected
+asks the factory it received in ``ModelContext.layers``; the SDK's
+``engine.sdk.layers.LayerFactory`` protocol is the interface this class implements (and
+models may rely on). The factory applies the selected
 quantization method, the selected attention backend, custom-op replacements and tensor
 parallelism, so a model plugin gets them all for free.
 
@@ -15,9 +17,9 @@ Attention layers get this rank's head counts, which the model reads off its qkv 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -214,26 +216,26 @@ class LayerFactory:
     def _op(self, name: str, default: type[CustomOp]) -> type[CustomOp]:
         return self.op_classes.get(name, default)
 
-    def rms_norm(self, hidden_size: int, eps: float) -> CustomOp:
+    # The op classes are the built-in contracts or replacements that subclass them
+    # (``engine.sdk.ops.check_replacement``), hence the casts.
+
+    def rms_norm(self, hidden_size: int, eps: float) -> RMSNormOp:
         """``rms_norm``: call ``op(x)`` or ``op(x, residual)``."""
-        cls = self._op("rms_norm", RMSNormOp)
-        op: CustomOp = cls(hidden_size, eps, dtype=self.dtype,  # type: ignore[call-arg,misc,arg-type]
-                           dispatch_key=self.dispatch_key)
-        return op
+        cls = cast(type[RMSNormOp], self._op("rms_norm", RMSNormOp))
+        return cls(hidden_size, eps, dtype=self.dtype, dispatch_key=self.dispatch_key)
 
     def rotary_embedding(
-        self, head_size: int, rotary_dim: int, max_position: int, rope: dict[str, Any],
+        self, head_size: int, rotary_dim: int, max_position: int, rope: Mapping[str, Any],
         *, is_neox_style: bool = True,
-    ) -> CustomOp:
+    ) -> RotaryEmbeddingOp:
         """``rotary_embedding`` with the cache for ``rope`` (see ``layers.rope``)."""
         cache = RotaryEmbeddingOp.default_cos_sin_cache(
-            rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, rope),
+            rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, dict(rope)),
         )
-        cls = self._op("rotary_embedding", RotaryEmbeddingOp)
-        op: CustomOp = cls(head_size, rotary_dim, cache,  # type: ignore[call-arg,misc,arg-type]
-                           is_neox_style, dispatch_key=self.dispatch_key)
-        return op
+        cls = cast(type[RotaryEmbeddingOp], self._op("rotary_embedding", RotaryEmbeddingOp))
+        return cls(head_size, rotary_dim, cache, is_neox_style, dispatch_key=self.dispatch_key)
 
-    def silu_and_mul(self) -> CustomOp:
+    def silu_and_mul(self) -> SiluAndMulOp:
         """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""
-        return self._op("silu_and_mul", SiluAndMulOp)(dispatch_key=self.dispatch_key)
+        cls = cast(type[SiluAndMulOp], self._op("silu_and_mul", SiluAndMulOp))
+        return cls(dispatch_key=self.dispatch_key)

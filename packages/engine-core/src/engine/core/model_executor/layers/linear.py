@@ -138,6 +138,10 @@ class Linear(nn.Module):
             keep the first ``gather_size`` (the vocabulary; the rest is padding).
     """
 
+    #: Registered by the quantize method's ``create_weights`` (every built-in one names
+    #: its weight so); a tied LM head assigns the embedding's here.
+    weight: torch.Tensor
+
     def __init__(
         self, info: LayerInfo, quant_method: QuantizeMethod, *, shards: LinearShards | None = None,
         tp: TensorParallelGroup = SINGLE, gather_size: int | None = None,

@@ -23,9 +23,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core.model_executor.layers.factory import LayerFactory
 from engine.core.model_executor.layers.linear import copy_into_parameter
 from engine.core.model_executor.layers.rope import rope_parameters
+from engine.sdk.layers import LayerFactory
 from engine.sdk.model import ModelContext, ModelInterface
 
 #: Checkpoint names folded into fused layers: (fused name, checkpoint name, shard index).
@@ -74,7 +74,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: Any) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
-        q, k, v = qkv.split((self.q_size, self.kv_size, self.kv_size), dim=-1)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         num_tokens = hidden.shape[0]
         q, k = self.rotary_emb(
             positions,
@@ -138,7 +138,10 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
     def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
         nn.Module.__init__(self)
         config = ctx.hf_config
-        layers: LayerFactory = ctx.layers
+        layers = ctx.layers
+        if layers is None:
+            raise ValueError(f"{type(self).__name__} is built with the engine's layer factory "
+                             f"(ModelContext.layers), got None")
         self.config = config
         qkv_bias = self.qkv_bias_default or bool(getattr(config, "attention_bias", False))
         self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ngine/v1/engine_core.proto\x12\tengine.v1\"\xc7\x04\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12\x11\n\x04seed\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0b \x01(\x05\x12\x0c\n\x04stop\x18\x0c \x03(\t\x12\x16\n\x0estop_token_ids\x18\r \x01(\x0c\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x03\x88\x01\x01\x12-\n\nlogit_bias\x18\x11 \x01(\x0b\x32\x14.engine.v1.LogitBiasH\x04\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x12 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x13 \x01(\x08\x12\x1c\n\x0f\x65xtra_args_json\x18\x14 \x01(\tH\x05\x88\x01\x01\x42\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\r\n\x0b_logit_biasB\x12\n\x10_extra_args_json\".\n\tLogitBias\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0e\n\x06\x62iases\x18\x02 \x03(\x01\"\xc5\x01\n\rEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x01(\x0c\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.engine.v1.SamplingParams\x12\x19\n\x0c\x65os_token_id\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0c\x61rrival_time\x18\x05 \x01(\x01\x12\x10\n\x08priority\x18\x06 \x01(\x05\x42\x0f\n\r_eos_token_id\"9\n\x0b\x41\x64\x64Requests\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.engine.v1.EngineRequest\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"O\n\x0e\x46inishRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.engine.v1.RequestStatus\"\x96\x01\n\rClientMessage\x12%\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x16.engine.v1.AddRequestsH\x00\x12)\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x18.engine.v1.AbortRequestsH\x00\x12+\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x19.engine.v1.FinishRequestsH\x00\x42\x06\n\x04kind\"g\n\x0eSampleLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08logprobs\x18\x02 \x01(\x0c\x12\x13\n\x0brow_lengths\x18\x03 \x01(\x0c\x12\x1b\n\x13sampled_token_ranks\x18\x04 \x01(\x0c\"\xcc\x02\n\x10\x45ngineCoreOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x01(\x0c\x12\x34\n\x0cnew_logprobs\x18\x03 \x01(\x0b\x32\x19.engine.v1.SampleLogprobsH\x00\x88\x01\x01\x12;\n\x13new_prompt_logprobs\x18\x04 \x01(\x0b\x32\x19.engine.v1.SampleLogprobsH\x01\x88\x01\x01\x12\x1a\n\rfinish_reason\x18\x05 \x01(\tH\x02\x88\x01\x01\x12\x18\n\x0bstop_reason\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x42\x0f\n\r_new_logprobsB\x16\n\x14_new_prompt_logprobsB\x10\n\x0e_finish_reasonB\x0e\n\x0c_stop_reason\"@\n\x10PrefixCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x03\x12\x0c\n\x04hits\x18\x02 \x01(\x03\x12\r\n\x05reset\x18\x03 \x01(\x08\"\xde\x01\n\x0eSchedulerStats\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x18\n\x10num_waiting_reqs\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\x05\x12\x31\n\x0cprefix_cache\x18\x06 \x01(\x0b\x32\x1b.engine.v1.PrefixCacheStats\x12\x1a\n\x12num_preempted_reqs\x18\x07 \x01(\x05\"\x9b\x01\n\x0bStepOutputs\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.engine.v1.EngineCoreOutput\x12\x37\n\x0fscheduler_stats\x18\x02 \x01(\x0b\x32\x19.engine.v1.SchedulerStatsH\x00\x88\x01\x01\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x42\x12\n\x10_scheduler_stats\"\x1e\n\x0b\x45ngineError\x12\x0f\n\x07message\x18\x01 \x01(\t\"h\n\rServerMessage\x12&\n\x04step\x18\x01 \x01(\x0b\x32\x16.engine.v1.StepOutputsH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.engine.v1.EngineErrorH\x00\x42\x06\n\x04kind\"\x0f\n\rHealthRequest\"!\n\x0eHealthResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xae\x01\n\nEngineInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\x05\x12\x18\n\x10\x65xecutor_backend\x18\x07 \x01(\t\"\x11\n\x0fGetStatsRequest\"\x19\n\x17ResetPrefixCacheRequest\"&\n\x18ResetPrefixCacheResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"q\n\x11\x43ollectiveRpcCall\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x16\n\ttimeout_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0c\n\n_timeout_s\"C\n\x14\x43ollectiveRpcFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\x04rank\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_rank\"h\n\x14\x43ollectiveRpcResults\x12\x16\n\x0cresults_json\x18\x01 \x01(\tH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.engine.v1.CollectiveRpcFailureH\x00\x42\x06\n\x04kind*\xfa\x01\n\rRequestStatus\x12\x1e\n\x1aREQUEST_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16REQUEST_STATUS_WAITING\x10\x01\x12\x1a\n\x16REQUEST_STATUS_RUNNING\x10\x02\x12\x1c\n\x18REQUEST_STATUS_PREEMPTED\x10\x03\x12#\n\x1fREQUEST_STATUS_FINISHED_STOPPED\x10\x04\x12)\n%REQUEST_STATUS_FINISHED_LENGTH_CAPPED\x10\x05\x12#\n\x1fREQUEST_STATUS_FINISHED_ABORTED\x10\x06\x32\xff\x03\n\nEngineCore\x12@\n\x06Stream\x12\x18.engine.v1.ClientMessage\x1a\x18.engine.v1.ServerMessage(\x01\x30\x01\x12=\n\x06Health\x12\x18.engine.v1.HealthRequest\x1a\x19.engine.v1.HealthResponse\x12;\n\x07GetInfo\x12\x19.engine.v1.GetInfoRequest\x1a\x15.engine.v1.EngineInfo\x12\x41\n\x08GetStats\x12\x1a.engine.v1.GetStatsRequest\x1a\x19.engine.v1.SchedulerStats\x12[\n\x10ResetPrefixCache\x12\".engine.v1.ResetPrefixCacheRequest\x1a#.engine.v1.ResetPrefixCacheResponse\x12\x43\n\x08Shutdown\x12\x1a.engine.v1.ShutdownRequest\x1a\x1b.engine.v1.ShutdownResponse\x12N\n\rCollectiveRpc\x12\x1c.engine.v1.CollectiveRpcCall\x1a\x1f.engine.v1.CollectiveRpcResultsb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x65ngine/v1/engine_core.proto\x12\tengine.v1\"\xc7\x04\n\x0eSamplingParams\x12\t\n\x01n\x18\x01 \x01(\x05\x12\x13\n\x0btemperature\x18\x02 \x01(\x01\x12\r\n\x05top_p\x18\x03 \x01(\x01\x12\r\n\x05top_k\x18\x04 \x01(\x05\x12\r\n\x05min_p\x18\x05 \x01(\x01\x12\x18\n\x10presence_penalty\x18\x06 \x01(\x01\x12\x19\n\x11\x66requency_penalty\x18\x07 \x01(\x01\x12\x1a\n\x12repetition_penalty\x18\x08 \x01(\x01\x12\x11\n\x04seed\x18\t \x01(\x03H\x00\x88\x01\x01\x12\x17\n\nmax_tokens\x18\n \x01(\x05H\x01\x88\x01\x01\x12\x12\n\nmin_tokens\x18\x0b \x01(\x05\x12\x0c\n\x04stop\x18\x0c \x03(\t\x12\x16\n\x0estop_token_ids\x18\r \x01(\x0c\x12\x12\n\nignore_eos\x18\x0e \x01(\x08\x12\x15\n\x08logprobs\x18\x0f \x01(\x05H\x02\x88\x01\x01\x12\x1c\n\x0fprompt_logprobs\x18\x10 \x01(\x05H\x03\x88\x01\x01\x12-\n\nlogit_bias\x18\x11 \x01(\x0b\x32\x14.engine.v1.LogitBiasH\x04\x88\x01\x01\x12\x1b\n\x13skip_special_tokens\x18\x12 \x01(\x08\x12\"\n\x1ainclude_stop_str_in_output\x18\x13 \x01(\x08\x12\x1c\n\x0f\x65xtra_args_json\x18\x14 \x01(\tH\x05\x88\x01\x01\x42\x07\n\x05_seedB\r\n\x0b_max_tokensB\x0b\n\t_logprobsB\x12\n\x10_prompt_logprobsB\r\n\x0b_logit_biasB\x12\n\x10_extra_args_json\".\n\tLogitBias\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x0e\n\x06\x62iases\x18\x02 \x03(\x01\"\xc5\x01\n\rEngineRequest\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x18\n\x10prompt_token_ids\x18\x02 \x01(\x0c\x12\x32\n\x0fsampling_params\x18\x03 \x01(\x0b\x32\x19.engine.v1.SamplingParams\x12\x19\n\x0c\x65os_token_id\x18\x04 \x01(\x05H\x00\x88\x01\x01\x12\x14\n\x0c\x61rrival_time\x18\x05 \x01(\x01\x12\x10\n\x08priority\x18\x06 \x01(\x05\x42\x0f\n\r_eos_token_id\"9\n\x0b\x41\x64\x64Requests\x12*\n\x08requests\x18\x01 \x03(\x0b\x32\x18.engine.v1.EngineRequest\"$\n\rAbortRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\"O\n\x0e\x46inishRequests\x12\x13\n\x0brequest_ids\x18\x01 \x03(\t\x12(\n\x06status\x18\x02 \x01(\x0e\x32\x18.engine.v1.RequestStatus\"\x96\x01\n\rClientMessage\x12%\n\x03\x61\x64\x64\x18\x01 \x01(\x0b\x32\x16.engine.v1.AddRequestsH\x00\x12)\n\x05\x61\x62ort\x18\x02 \x01(\x0b\x32\x18.engine.v1.AbortRequestsH\x00\x12+\n\x06\x66inish\x18\x03 \x01(\x0b\x32\x19.engine.v1.FinishRequestsH\x00\x42\x06\n\x04kind\"g\n\x0eSampleLogprobs\x12\x11\n\ttoken_ids\x18\x01 \x01(\x0c\x12\x10\n\x08logprobs\x18\x02 \x01(\x0c\x12\x13\n\x0brow_lengths\x18\x03 \x01(\x0c\x12\x1b\n\x13sampled_token_ranks\x18\x04 \x01(\x0c\"\x84\x03\n\x10\x45ngineCoreOutput\x12\x12\n\nrequest_id\x18\x01 \x01(\t\x12\x15\n\rnew_token_ids\x18\x02 \x01(\x0c\x12\x34\n\x0cnew_logprobs\x18\x03 \x01(\x0b\x32\x19.engine.v1.SampleLogprobsH\x00\x88\x01\x01\x12;\n\x13new_prompt_logprobs\x18\x04 \x01(\x0b\x32\x19.engine.v1.SampleLogprobsH\x01\x88\x01\x01\x12\x1a\n\rfinish_reason\x18\x05 \x01(\tH\x02\x88\x01\x01\x12\x18\n\x0bstop_reason\x18\x06 \x01(\x05H\x03\x88\x01\x01\x12\x19\n\x11num_cached_tokens\x18\x07 \x01(\x05\x12,\n\x05\x65rror\x18\x08 \x01(\x0b\x32\x18.engine.v1.PluginFailureH\x04\x88\x01\x01\x42\x0f\n\r_new_logprobsB\x16\n\x14_new_prompt_logprobsB\x10\n\x0e_finish_reasonB\x0e\n\x0c_stop_reasonB\x08\n\x06_error\"\xaa\x01\n\rPluginFailure\x12\r\n\x05\x63\x61use\x18\x01 \x01(\t\x12\x13\n\x06plugin\x18\x02 \x01(\tH\x00\x88\x01\x01\x12\x12\n\x05group\x18\x03 \x01(\tH\x01\x88\x01\x01\x12\x19\n\x0c\x64istribution\x18\x04 \x01(\tH\x02\x88\x01\x01\x12\x14\n\x07version\x18\x05 \x01(\tH\x03\x88\x01\x01\x42\t\n\x07_pluginB\x08\n\x06_groupB\x0f\n\r_distributionB\n\n\x08_version\"@\n\x10PrefixCacheStats\x12\x0f\n\x07queries\x18\x01 \x01(\x03\x12\x0c\n\x04hits\x18\x02 \x01(\x03\x12\r\n\x05reset\x18\x03 \x01(\x08\"\xde\x01\n\x0eSchedulerStats\x12\x18\n\x10num_running_reqs\x18\x01 \x01(\x05\x12\x18\n\x10num_waiting_reqs\x18\x02 \x01(\x05\x12\x16\n\x0ekv_cache_usage\x18\x03 \x01(\x01\x12\x17\n\x0fnum_free_blocks\x18\x04 \x01(\x05\x12\x18\n\x10num_total_blocks\x18\x05 \x01(\x05\x12\x31\n\x0cprefix_cache\x18\x06 \x01(\x0b\x32\x1b.engine.v1.PrefixCacheStats\x12\x1a\n\x12num_preempted_reqs\x18\x07 \x01(\x05\"\x9b\x01\n\x0bStepOutputs\x12,\n\x07outputs\x18\x01 \x03(\x0b\x32\x1b.engine.v1.EngineCoreOutput\x12\x37\n\x0fscheduler_stats\x18\x02 \x01(\x0b\x32\x19.engine.v1.SchedulerStatsH\x00\x88\x01\x01\x12\x11\n\ttimestamp\x18\x03 \x01(\x01\x42\x12\n\x10_scheduler_stats\"\x1e\n\x0b\x45ngineError\x12\x0f\n\x07message\x18\x01 \x01(\t\"h\n\rServerMessage\x12&\n\x04step\x18\x01 \x01(\x0b\x32\x16.engine.v1.StepOutputsH\x00\x12\'\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x16.engine.v1.EngineErrorH\x00\x42\x06\n\x04kind\"\x0f\n\rHealthRequest\"!\n\x0eHealthResponse\x12\x0f\n\x07healthy\x18\x01 \x01(\x08\"\x10\n\x0eGetInfoRequest\"\xae\x01\n\nEngineInfo\x12\x12\n\nmodel_name\x18\x01 \x01(\t\x12\x15\n\rmax_model_len\x18\x02 \x01(\x05\x12\x15\n\rnum_kv_blocks\x18\x03 \x01(\x05\x12\x12\n\nblock_size\x18\x04 \x01(\x05\x12\x12\n\nvocab_size\x18\x05 \x01(\x05\x12\x1c\n\x14tensor_parallel_size\x18\x06 \x01(\x05\x12\x18\n\x10\x65xecutor_backend\x18\x07 \x01(\t\"\x11\n\x0fGetStatsRequest\"\x19\n\x17ResetPrefixCacheRequest\"&\n\x18ResetPrefixCacheResponse\x12\n\n\x02ok\x18\x01 \x01(\x08\"\x11\n\x0fShutdownRequest\"\x12\n\x10ShutdownResponse\"q\n\x11\x43ollectiveRpcCall\x12\x0e\n\x06method\x18\x01 \x01(\t\x12\x11\n\targs_json\x18\x02 \x01(\t\x12\x13\n\x0bkwargs_json\x18\x03 \x01(\t\x12\x16\n\ttimeout_s\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x0c\n\n_timeout_s\"C\n\x14\x43ollectiveRpcFailure\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x11\n\x04rank\x18\x02 \x01(\x05H\x00\x88\x01\x01\x42\x07\n\x05_rank\"h\n\x14\x43ollectiveRpcResults\x12\x16\n\x0cresults_json\x18\x01 \x01(\tH\x00\x12\x30\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x1f.engine.v1.CollectiveRpcFailureH\x00\x42\x06\n\x04kind*\x9d\x02\n\rRequestStatus\x12\x1e\n\x1aREQUEST_STATUS_UNSPECIFIED\x10\x00\x12\x1a\n\x16REQUEST_STATUS_WAITING\x10\x01\x12\x1a\n\x16REQUEST_STATUS_RUNNING\x10\x02\x12\x1c\n\x18REQUEST_STATUS_PREEMPTED\x10\x03\x12#\n\x1fREQUEST_STATUS_FINISHED_STOPPED\x10\x04\x12)\n%REQUEST_STATUS_FINISHED_LENGTH_CAPPED\x10\x05\x12#\n\x1fREQUEST_STATUS_FINISHED_ABORTED\x10\x06\x12!\n\x1dREQUEST_STATUS_FINISHED_ERROR\x10\x07\x32\xff\x03\n\nEngineCore\x12@\n\x06Stream\x12\x18.engine.v1.ClientMessage\x1a\x18.engine.v1.ServerMessage(\x01\x30\x01\x12=\n\x06Health\x12\x18.engine.v1.HealthRequest\x1a\x19.engine.v1.HealthResponse\x12;\n\x07GetInfo\x12\x19.engine.v1.GetInfoRequest\x1a\x15.engine.v1.EngineInfo\x12\x41\n\x08GetStats\x12\x1a.engine.v1.GetStatsRequest\x1a\x19.engine.v1.SchedulerStats\x12[\n\x10ResetPrefixCache\x12\".engine.v1.ResetPrefixCacheRequest\x1a#.engine.v1.ResetPrefixCacheResponse\x12\x43\n\x08Shutdown\x12\x1a.engine.v1.ShutdownRequest\x1a\x1b.engine.v1.ShutdownResponse\x12N\n\rCollectiveRpc\x12\x1c.engine.v1.CollectiveRpcCall\x1a\x1f.engine.v1.CollectiveRpcResultsb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'engine.v1.engine_core_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_REQUESTSTATUS']._serialized_start=2897
-  _globals['_REQUESTSTATUS']._serialized_end=3147
+  _globals['_REQUESTSTATUS']._serialized_start=3126
+  _globals['_REQUESTSTATUS']._serialized_end=3411
   _globals['_SAMPLINGPARAMS']._serialized_start=43
   _globals['_SAMPLINGPARAMS']._serialized_end=626
   _globals['_LOGITBIAS']._serialized_start=628
@@ -50,41 +50,43 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_SAMPLELOGPROBS']._serialized_start=1207
   _globals['_SAMPLELOGPROBS']._serialized_end=1310
   _globals['_ENGINECOREOUTPUT']._serialized_start=1313
-  _globals['_ENGINECOREOUTPUT']._serialized_end=1645
-  _globals['_PREFIXCACHESTATS']._serialized_start=1647
-  _globals['_PREFIXCACHESTATS']._serialized_end=1711
-  _globals['_SCHEDULERSTATS']._serialized_start=1714
-  _globals['_SCHEDULERSTATS']._serialized_end=1936
-  _globals['_STEPOUTPUTS']._serialized_start=1939
-  _globals['_STEPOUTPUTS']._serialized_end=2094
-  _globals['_ENGINEERROR']._serialized_start=2096
-  _globals['_ENGINEERROR']._serialized_end=2126
-  _globals['_SERVERMESSAGE']._serialized_start=2128
-  _globals['_SERVERMESSAGE']._serialized_end=2232
-  _globals['_HEALTHREQUEST']._serialized_start=2234
-  _globals['_HEALTHREQUEST']._serialized_end=2249
-  _globals['_HEALTHRESPONSE']._serialized_start=2251
-  _globals['_HEALTHRESPONSE']._serialized_end=2284
-  _globals['_GETINFOREQUEST']._serialized_start=2286
-  _globals['_GETINFOREQUEST']._serialized_end=2302
-  _globals['_ENGINEINFO']._serialized_start=2305
-  _globals['_ENGINEINFO']._serialized_end=2479
-  _globals['_GETSTATSREQUEST']._serialized_start=2481
-  _globals['_GETSTATSREQUEST']._serialized_end=2498
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=2500
-  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=2525
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=2527
-  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=2565
-  _globals['_SHUTDOWNREQUEST']._serialized_start=2567
-  _globals['_SHUTDOWNREQUEST']._serialized_end=2584
-  _globals['_SHUTDOWNRESPONSE']._serialized_start=2586
-  _globals['_SHUTDOWNRESPONSE']._serialized_end=2604
-  _globals['_COLLECTIVERPCCALL']._serialized_start=2606
-  _globals['_COLLECTIVERPCCALL']._serialized_end=2719
-  _globals['_COLLECTIVERPCFAILURE']._serialized_start=2721
-  _globals['_COLLECTIVERPCFAILURE']._serialized_end=2788
-  _globals['_COLLECTIVERPCRESULTS']._serialized_start=2790
-  _globals['_COLLECTIVERPCRESULTS']._serialized_end=2894
-  _globals['_ENGINECORE']._serialized_start=3150
-  _globals['_ENGINECORE']._serialized_end=3661
+  _globals['_ENGINECOREOUTPUT']._serialized_end=1701
+  _globals['_PLUGINFAILURE']._serialized_start=1704
+  _globals['_PLUGINFAILURE']._serialized_end=1874
+  _globals['_PREFIXCACHESTATS']._serialized_start=1876
+  _globals['_PREFIXCACHESTATS']._serialized_end=1940
+  _globals['_SCHEDULERSTATS']._serialized_start=1943
+  _globals['_SCHEDULERSTATS']._serialized_end=2165
+  _globals['_STEPOUTPUTS']._serialized_start=2168
+  _globals['_STEPOUTPUTS']._serialized_end=2323
+  _globals['_ENGINEERROR']._serialized_start=2325
+  _globals['_ENGINEERROR']._serialized_end=2355
+  _globals['_SERVERMESSAGE']._serialized_start=2357
+  _globals['_SERVERMESSAGE']._serialized_end=2461
+  _globals['_HEALTHREQUEST']._serialized_start=2463
+  _globals['_HEALTHREQUEST']._serialized_end=2478
+  _globals['_HEALTHRESPONSE']._serialized_start=2480
+  _globals['_HEALTHRESPONSE']._serialized_end=2513
+  _globals['_GETINFOREQUEST']._serialized_start=2515
+  _globals['_GETINFOREQUEST']._serialized_end=2531
+  _globals['_ENGINEINFO']._serialized_start=2534
+  _globals['_ENGINEINFO']._serialized_end=2708
+  _globals['_GETSTATSREQUEST']._serialized_start=2710
+  _globals['_GETSTATSREQUEST']._serialized_end=2727
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_start=2729
+  _globals['_RESETPREFIXCACHEREQUEST']._serialized_end=2754
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_start=2756
+  _globals['_RESETPREFIXCACHERESPONSE']._serialized_end=2794
+  _globals['_SHUTDOWNREQUEST']._serialized_start=2796
+  _globals['_SHUTDOWNREQUEST']._serialized_end=2813
+  _globals['_SHUTDOWNRESPONSE']._serialized_start=2815
+  _globals['_SHUTDOWNRESPONSE']._serialized_end=2833
+  _globals['_COLLECTIVERPCCALL']._serialized_start=2835
+  _globals['_COLLECTIVERPCCALL']._serialized_end=2948
+  _globals['_COLLECTIVERPCFAILURE']._serialized_start=2950
+  _globals['_COLLECTIVERPCFAILURE']._serialized_end=3017
+  _globals['_COLLECTIVERPCRESULTS']._serialized_start=3019
+  _globals['_COLLECTIVERPCRESULTS']._serialized_end=3123
+  _globals['_ENGINECORE']._serialized_start=3414
+  _globals['_ENGINECORE']._serialized_end=3925
 # @@protoc_insertion_point(module_scope)

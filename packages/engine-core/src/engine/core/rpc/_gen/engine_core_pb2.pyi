@@ -16,6 +16,7 @@ class RequestStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     REQUEST_STATUS_FINISHED_STOPPED: _ClassVar[RequestStatus]
     REQUEST_STATUS_FINISHED_LENGTH_CAPPED: _ClassVar[RequestStatus]
     REQUEST_STATUS_FINISHED_ABORTED: _ClassVar[RequestStatus]
+    REQUEST_STATUS_FINISHED_ERROR: _ClassVar[RequestStatus]
 REQUEST_STATUS_UNSPECIFIED: RequestStatus
 REQUEST_STATUS_WAITING: RequestStatus
 REQUEST_STATUS_RUNNING: RequestStatus
@@ -23,6 +24,7 @@ REQUEST_STATUS_PREEMPTED: RequestStatus
 REQUEST_STATUS_FINISHED_STOPPED: RequestStatus
 REQUEST_STATUS_FINISHED_LENGTH_CAPPED: RequestStatus
 REQUEST_STATUS_FINISHED_ABORTED: RequestStatus
+REQUEST_STATUS_FINISHED_ERROR: RequestStatus
 
 class SamplingParams(_message.Message):
     __slots__ = ("n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "seed", "max_tokens", "min_tokens", "stop", "stop_token_ids", "ignore_eos", "logprobs", "prompt_logprobs", "logit_bias", "skip_special_tokens", "include_stop_str_in_output", "extra_args_json")
@@ -135,7 +137,7 @@ class SampleLogprobs(_message.Message):
     def __init__(self, token_ids: _Optional[bytes] = ..., logprobs: _Optional[bytes] = ..., row_lengths: _Optional[bytes] = ..., sampled_token_ranks: _Optional[bytes] = ...) -> None: ...
 
 class EngineCoreOutput(_message.Message):
-    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_reason", "num_cached_tokens")
+    __slots__ = ("request_id", "new_token_ids", "new_logprobs", "new_prompt_logprobs", "finish_reason", "stop_reason", "num_cached_tokens", "error")
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
     NEW_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     NEW_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
@@ -143,6 +145,7 @@ class EngineCoreOutput(_message.Message):
     FINISH_REASON_FIELD_NUMBER: _ClassVar[int]
     STOP_REASON_FIELD_NUMBER: _ClassVar[int]
     NUM_CACHED_TOKENS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
     request_id: str
     new_token_ids: bytes
     new_logprobs: SampleLogprobs
@@ -150,7 +153,22 @@ class EngineCoreOutput(_message.Message):
     finish_reason: str
     stop_reason: int
     num_cached_tokens: int
-    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[bytes] = ..., new_logprobs: _Optional[_Union[SampleLogprobs, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[SampleLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_reason: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ...) -> None: ...
+    error: PluginFailure
+    def __init__(self, request_id: _Optional[str] = ..., new_token_ids: _Optional[bytes] = ..., new_logprobs: _Optional[_Union[SampleLogprobs, _Mapping]] = ..., new_prompt_logprobs: _Optional[_Union[SampleLogprobs, _Mapping]] = ..., finish_reason: _Optional[str] = ..., stop_reason: _Optional[int] = ..., num_cached_tokens: _Optional[int] = ..., error: _Optional[_Union[PluginFailure, _Mapping]] = ...) -> None: ...
+
+class PluginFailure(_message.Message):
+    __slots__ = ("cause", "plugin", "group", "distribution", "version")
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    PLUGIN_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    DISTRIBUTION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    cause: str
+    plugin: str
+    group: str
+    distribution: str
+    version: str
+    def __init__(self, cause: _Optional[str] = ..., plugin: _Optional[str] = ..., group: _Optional[str] = ..., distribution: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
 
 class PrefixCacheStats(_message.Message):
     __slots__ = ("queries", "hits", "reset")

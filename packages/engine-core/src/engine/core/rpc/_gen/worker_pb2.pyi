@@ -114,7 +114,14 @@ class PromptLogprobs(_message.Message):
     def __init__(self, req_id: _Optional[str] = ..., logprobs: _Optional[_Union[_engine_core_pb2.SampleLogprobs, _Mapping]] = ...) -> None: ...
 
 class ModelRunnerOutput(_message.Message):
-    __slots__ = ("req_ids", "sampled_token_ids", "sampled_token_counts", "logprobs", "prompt_logprobs", "finished_sending", "finished_recving")
+    __slots__ = ("req_ids", "sampled_token_ids", "sampled_token_counts", "logprobs", "prompt_logprobs", "finished_sending", "finished_recving", "failed")
+    class FailedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _engine_core_pb2.PluginFailure
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_engine_core_pb2.PluginFailure, _Mapping]] = ...) -> None: ...
     REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_TOKEN_COUNTS_FIELD_NUMBER: _ClassVar[int]
@@ -122,6 +129,7 @@ class ModelRunnerOutput(_message.Message):
     PROMPT_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     FINISHED_SENDING_FIELD_NUMBER: _ClassVar[int]
     FINISHED_RECVING_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
     req_ids: _containers.RepeatedScalarFieldContainer[str]
     sampled_token_ids: bytes
     sampled_token_counts: bytes
@@ -129,7 +137,8 @@ class ModelRunnerOutput(_message.Message):
     prompt_logprobs: _containers.RepeatedCompositeFieldContainer[PromptLogprobs]
     finished_sending: _containers.RepeatedScalarFieldContainer[str]
     finished_recving: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[bytes] = ..., sampled_token_counts: _Optional[bytes] = ..., logprobs: _Optional[_Union[_engine_core_pb2.SampleLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., finished_sending: _Optional[_Iterable[str]] = ..., finished_recving: _Optional[_Iterable[str]] = ...) -> None: ...
+    failed: _containers.MessageMap[str, _engine_core_pb2.PluginFailure]
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., sampled_token_ids: _Optional[bytes] = ..., sampled_token_counts: _Optional[bytes] = ..., logprobs: _Optional[_Union[_engine_core_pb2.SampleLogprobs, _Mapping]] = ..., prompt_logprobs: _Optional[_Iterable[_Union[PromptLogprobs, _Mapping]]] = ..., finished_sending: _Optional[_Iterable[str]] = ..., finished_recving: _Optional[_Iterable[str]] = ..., failed: _Optional[_Mapping[str, _engine_core_pb2.PluginFailure]] = ...) -> None: ...
 
 class ExecuteModelResponse(_message.Message):
     __slots__ = ("output", "error")

@@ -1,0 +1,178 @@
+"""docs/plugins/{attention-backends,linear-kernels,quantization}.md: the examples serve.
+
+Each page's complete class is written to the module its "Registering" section names
+(``my_plugin.attention``, ``my_plugin.kernels``, ``my_plugin.quant``) and run in a real
+engine on the tiny test checkpoint, in this process:
+
+* the ``torch_paged`` backend, selected by ``--attention-backend``, gives the greedy
+  tokens of the built-in backend, and refuses what its ``supports`` says it refuses;
+* the ``my_int8`` method (selected by the checkpoint's ``quant_method``, with its
+  ``modules_to_not_convert``) on a checkpoint quantized to channelwise int8, computing
+  through the page's ``torch_int8`` kernel, gives the greedy tokens of the float
+  checkpoint holding the same (dequantized) weights.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from engine.core import LLM
+from engine.sdk import SamplingParams, UnsupportedError
+from engine.sdk.attention import AttentionSpec, select_backend
+from engine.sdk.groups import LINEAR_KERNELS, QUANTIZATION
+from engine.sdk.platform import PlatformInfo
+from engine.testing.docs import code_block, page_package
+from engine.testing.engine import assert_kv_pool_full
+from engine.testing.test_plugins import entry_installer
+
+#: Each page's python block (by its first line) and the ``my_plugin`` module it becomes.
+MODULES = {
+    "attention-backends.md": ("from __future__ import annotations", "attention"),
+    "linear-kernels.md": ("from __future__ import annotations", "kernels"),
+    "quantization.md": ("from __future__ import annotations", "quant"),
+}
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+PROMPTS = [list(range(3, 30)), [7, 7, 8, 9], list(range(200, 205)) * 3]
+#: Checkpoint modules the quantized checkpoint keeps in float (its modules_to_not_convert).
+SKIP = "mlp.down_proj"
+
+
+@pytest.fixture(scope="module")
+def my_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    modules = {module: code_block(page, first_line)
+               for page, (first_line, module) in MODULES.items()}
+    with page_package(tmp_path_factory.mktemp("docs"), "my_plugin", modules) as root:
+        yield root
+
+
+@pytest.fixture
+def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]:
+    """``install(group, name, cls)``: the engine discovers ``cls`` as an installed entry."""
+    return entry_installer(monkeypatch, "my-engine-plugins", "0.1")
+
+
+def tiny(path: Path, **kwargs: Any) -> LLM:
+    return LLM(str(path), **{"dtype": "float32", "in_process": True, "num_kv_blocks": 32,
+                             **kwargs})
+
+
+def greedy(llm: LLM) -> list[list[int]]:
+    outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], GREEDY, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+# -- attention-backends.md ------------------------------------------------------------------
+
+
+def test_the_torch_paged_backend_serves_the_engine(my_plugin: Path, tiny_llama: Path) -> None:
+    from my_plugin.attention import TorchImpl
+
+    with tiny(tiny_llama, plugins="none") as llm:
+        reference = greedy(llm)
+    # Small blocks and a small budget: paged reads across blocks, chunked prefill, decode.
+    with tiny(tiny_llama, plugins="none", block_size=4, num_kv_blocks=64, max_model_len=64,
+              max_num_batched_tokens=16,
+              attention_backend="my_plugin.attention:TorchPagedBackend") as llm:
+        model = llm.llm_engine.core.worker.built.model
+        assert all(isinstance(layer.self_attn.attn.impl, TorchImpl) for layer in model.layers)
+        assert greedy(llm) == reference
+        assert_kv_pool_full(llm)
+
+
+def test_the_torch_paged_backend_turns_down_what_it_says(my_plugin: Path) -> None:
+    from my_plugin.attention import TorchPagedBackend
+
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=16, dtype="float32",
+                         kv_cache_dtype="float32", block_size=16,
+                         platform=PlatformInfo("cpu", "cpu"))
+    assert TorchPagedBackend.supports(spec)
+    windowed = replace(spec, sliding_window=4096)
+    with pytest.raises(UnsupportedError) as refused:
+        select_backend([TorchPagedBackend], windowed)
+    assert "torch_paged: sliding window attention is not supported" in str(refused.value)
+    assert not TorchPagedBackend.supports(replace(spec, kv_cache_dtype="bfloat16"))
+
+
+# -- linear-kernels.md + quantization.md ----------------------------------------------------
+
+
+def quantize_checkpoint(source: Path, target: Path, reference: Path) -> None:
+    """``target``: ``source`` with its linear layers in channelwise int8 (``my_int8``);
+    ``reference``: ``source`` with the same weights dequantized to float32."""
+    for path in (target, reference):
+        shutil.copytree(source, path)
+    tensors = load_file(source / "model.safetensors")
+    quantized, dequantized = dict(tensors), dict(tensors)
+    for name, weight in tensors.items():
+        if not name.endswith("_proj.weight") or SKIP in name:
+            continue
+        scale = weight.abs().amax(dim=1) / 127
+        int8 = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        quantized[name] = int8
+        quantized[name.removesuffix("weight") + "weight_scale"] = scale.float()
+        dequantized[name] = int8.float() * scale[:, None]
+    save_file(quantized, target / "model.safetensors")
+    save_file(dequantized, reference / "model.safetensors")
+    config = json.loads((target / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "my_int8",
+                                     "modules_to_not_convert": [SKIP]}
+    (target / "config.json").write_text(json.dumps(config))
+
+
+def test_the_int8_method_and_kernel_serve_a_quantized_checkpoint(
+        my_plugin: Path, install: Callable[[str, str, type], None], tiny_llama: Path,
+        tmp_path: Path) -> None:
+    from my_plugin.kernels import TorchInt8Kernel
+    from my_plugin.quant import Int8Config, Int8LinearMethod
+
+    install(QUANTIZATION, "my_int8", Int8Config)
+    install(LINEAR_KERNELS, "torch_int8", TorchInt8Kernel)
+    quantize_checkpoint(tiny_llama, tmp_path / "int8", tmp_path / "dequantized")
+    with tiny(tmp_path / "dequantized") as llm:
+        reference = greedy(llm)
+    # The built-in int8_w8a8 kernels would win (priority 100; a tie at 0 goes by name).
+    with tiny(tmp_path / "int8", disabled_kernels=("int8_int_mm", "int8_reference")) as llm:
+        model = llm.llm_engine.core.worker.built.model
+        layer = model.layers[0]
+        assert isinstance(layer.self_attn.qkv_proj.quant_method, Int8LinearMethod)
+        assert isinstance(layer.self_attn.qkv_proj.quant_method.kernel, TorchInt8Kernel)
+        assert layer.self_attn.qkv_proj.weight.dtype == torch.int8
+        assert layer.mlp.down_proj.weight.dtype == torch.float32  # modules_to_not_convert
+        assert model.lm_head.weight.dtype == torch.float32  # kind "lm_head": left alone
+        assert greedy(llm) == reference
+        assert_kv_pool_full(llm)
+
+
+def test_the_int8_kernel_claims_only_its_scheme(my_plugin: Path) -> None:
+    from my_plugin.kernels import TorchInt8Kernel
+
+    from engine.sdk.linear_kernel import LinearKernelConfig
+
+    def config(**changes: Any) -> LinearKernelConfig:
+        return LinearKernelConfig(**{"scheme": "int8_w8a8", "weight_dtype": "int8",
+                                     "act_dtype": "float32", "input_size": 64,
+                                     "output_size": 32, **changes})
+
+    assert TorchInt8Kernel.can_implement(config())
+    assert not TorchInt8Kernel.can_implement(config(group_size=128))
+    assert not TorchInt8Kernel.can_implement(config(scheme="unquantized"))
+
+
+def test_the_int8_methods_settings_are_checked(my_plugin: Path) -> None:
+    from my_plugin.quant import Int8Config
+
+    from engine.sdk import ValidationError
+
+    assert Int8Config.from_config({"modules_to_not_convert": [SKIP]}).skip == (SKIP,)
+    with pytest.raises(ValidationError, match="modules_to_not_convert must be a list"):
+        Int8Config.from_config({"modules_to_not_convert": SKIP})
+    assert not Int8Config.is_supported(PlatformInfo("npu", "npu"))

@@ -1,0 +1,79 @@
+"""docs/plugins/models.md: the GPT-2 plugin serves greedy tokens equal to transformers'.
+
+The page's module (``# src/acme_plugins/gpt2.py``) is written to a temporary
+``acme_plugins`` package and installed as the ``engine.models`` entry the page registers
+(``GPT2LMHeadModel``); the page's test then runs as written, with ``engine.core.LLM``
+running in this process (where the entry is installed). The model builds every layer
+through ``ctx.layers``, the SDK's ``LayerFactory``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import engine.core
+from engine.core import LLM
+from engine.core.plugins import PluginEntry, _catalog
+from engine.core.plugins._local import plugin_reference
+from engine.sdk import ModelContext, ValidationError
+from engine.sdk.groups import MODELS
+from engine.testing.docs import code_block, exec_block, page_package, run_page_tests
+
+PAGE = "models.md"
+MODULE, TEST = "# src/acme_plugins/gpt2.py", "# tests/test_gpt2.py"
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    modules = {"gpt2": code_block(PAGE, MODULE)}
+    with page_package(tmp_path_factory.mktemp("docs"), "acme_plugins", modules) as root:
+        yield root
+
+
+@pytest.fixture
+def installed(acme: Path, monkeypatch: pytest.MonkeyPatch) -> type:
+    """The page's entry point, as ``pip install -e .`` would install it."""
+    from acme_plugins.gpt2 import GPT2LMHeadModel
+
+    entry = PluginEntry(MODELS, "GPT2LMHeadModel", plugin_reference(GPT2LMHeadModel),
+                        "acme-engine-plugins", "0.3.0")
+    discover = _catalog.discover_entries
+    monkeypatch.setattr(_catalog, "discover_entries", lambda: [*discover(), entry])
+    return GPT2LMHeadModel
+
+
+@pytest.fixture
+def in_process_llm(monkeypatch: pytest.MonkeyPatch) -> list[LLM]:
+    """``from engine.core import LLM`` in a page block: the same engine, in this process."""
+    made: list[LLM] = []
+
+    def factory(*args: Any, **kwargs: Any) -> LLM:
+        made.append(LLM(*args, **{"in_process": True, **kwargs}))
+        return made[-1]
+
+    monkeypatch.setattr(engine.core, "LLM", factory, raising=False)
+    return made
+
+
+def test_the_pages_test_passes(installed: type, in_process_llm: list[LLM],
+                               tmp_path: Path) -> None:
+    assert run_page_tests(code_block(PAGE, TEST), "test_gpt2.py", tmp_path=tmp_path) == [
+        "test_greedy_tokens_equal_transformers"]
+    [llm] = in_process_llm
+    model = llm.llm_engine.core.worker.built.model
+    assert type(model) is installed  # the plugin served, not a built-in architecture
+    assert type(model.h[0].attn.c_attn).__name__ == "Linear"  # built by ctx.layers
+
+
+def test_it_refuses_a_context_without_a_layer_factory(installed: type,
+                                                     tmp_path: Path) -> None:
+    from transformers import AutoConfig
+
+    namespace = exec_block(code_block(PAGE, TEST), filename="test_gpt2.py")
+    config = AutoConfig.from_pretrained(namespace["tiny_gpt2"](tmp_path))
+    with pytest.raises(ValidationError, match="runs in an engine, on one rank"):
+        installed(ModelContext(hf_config=config))

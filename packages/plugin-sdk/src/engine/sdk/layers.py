@@ -1,0 +1,332 @@
+"""``LayerFactory``: the layers a model plugin builds through ``ModelContext.layers``.
+
+The engine hands every model a factory (``ctx.layers``). Layers built by it honour the
+selected quantization method, attention backend, linear kernels, custom-op replacements
+and tensor parallelism, so a model that builds its linear, embedding, attention, norm,
+rotary and activation layers through it gets every plugin seam for free. Plain torch is
+fine for the rest (``LayerNorm``, ``F.gelu``, ...).
+
+Sizes are always the whole model's; under tensor parallelism each rank's factory builds
+that rank's part (Megatron-style) and the layer reports it
+(:attr:`LinearLayer.output_partition_sizes`). The layers are ``torch.nn.Module`` objects:
+assign them as submodules.
+
+Loading: every layer that holds checkpoint tensors has
+``load_weight(param_name, tensor, shard)``; after the whole checkpoint is loaded, call
+``process_weights_after_loading()`` on every module that has it (quantization methods
+repack there)::
+
+    class MyForCausalLM(torch.nn.Module, ModelInterface):
+        def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
+            torch.nn.Module.__init__(self)
+            layers = ctx.layers
+            if layers is None:  # only in a ModelContext built by hand
+                raise ValidationError("MyForCausalLM is built by the engine")
+            self.qkv = layers.linear("model.layers.0.qkv_proj", 64, (64, 32, 32),
+                                     parallel="column", head_size=16)
+            q_size, kv_size, _ = self.qkv.output_partition_sizes
+
+This module only describes the interface (``typing.Protocol``); the engine's
+implementation is ``engine.core.model_executor.layers.factory.LayerFactory``.
+
+.. versionadded:: 1.1
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+
+    from engine.sdk.ops import RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+
+__all__ = ["AttentionLayer", "EmbeddingLayer", "LayerFactory", "LinearLayer"]
+
+
+@runtime_checkable
+class LinearLayer(Protocol):
+    """A linear layer from :meth:`LayerFactory.linear`: ``y = layer(x)``, ``x W^T + b``.
+
+    Its parameters belong to the layer's quantize method (unquantized: ``weight``
+    ``[out, in]`` in the model dtype) plus ``bias`` when built with ``bias=True``.
+
+    Attributes:
+        weight: The layer's weight as its quantize method registered it. A model ties its
+            LM head to the embedding by assigning ``head.weight = embedding.weight`` after
+            loading.
+
+    .. versionadded:: 1.1
+    """
+
+    weight: torch.Tensor
+
+    @property
+    def output_partition_sizes(self) -> tuple[int, ...]:
+        """This rank's features of each fused logical output (q, k, v; gate, up).
+
+        The whole model's sizes on one rank; with ``parallel="column"`` each rank's share.
+        Read the head counts to give :meth:`LayerFactory.attention` from it.
+
+        .. versionadded:: 1.1
+        """
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """``[num_tokens, input features] -> [num_tokens, output features]``.
+
+        Row-parallel layers return the sum over ranks (the bias added once); a
+        column-parallel LM head returns the full logits ``[num_tokens, vocab]`` on rank 0
+        and its own vocabulary shard elsewhere.
+
+        .. versionadded:: 1.1
+        """
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """Copy this rank's part of a full checkpoint tensor into parameter ``param_name``.
+
+        Called: by the model's ``load_weights``, once per checkpoint tensor of the layer.
+
+        Args:
+            param_name: The parameter (``"weight"``, ``"bias"``, a quantization method's
+                ``"weight_scale"``, ...): the checkpoint name's last component.
+            tensor: The whole model's tensor, as the checkpoint stores it.
+            shard: For a layer fusing several checkpoint tensors (q, k, v), the index in
+                ``output_sizes`` of the one given; ``None`` otherwise (also for one tensor
+                holding every fused output).
+
+        Raises:
+            ValueError: the layer has no such parameter, or the shape does not fit (the
+                message names both shapes).
+
+        .. versionadded:: 1.1
+        """
+
+    def process_weights_after_loading(self) -> None:
+        """Let the quantize method repack what was loaded; once, after the whole checkpoint.
+
+        .. versionadded:: 1.1
+        """
+
+
+@runtime_checkable
+class EmbeddingLayer(Protocol):
+    """The token embedding from :meth:`LayerFactory.embedding`: ``vectors = layer(ids)``.
+
+    Attributes:
+        weight: ``[ceil(vocab / tp_size), hidden]``, this rank's rows of the table (rows
+            past the vocabulary are zero); a quantization method that handles embeddings
+            stores it in its own format.
+
+    .. versionadded:: 1.1
+    """
+
+    weight: torch.Tensor
+
+    def __call__(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """``[num_tokens]`` int64 ids -> ``[num_tokens, hidden]`` (full rows on every rank).
+
+        .. versionadded:: 1.1
+        """
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """Copy this rank's rows of the checkpoint's full table into ``param_name``.
+
+        Args:
+            param_name: ``"weight"`` (or a quantization method's parameter).
+            tensor: The whole table; a checkpoint vocabulary smaller than the config's
+                leaves the missing rows zero, rows past it are ignored.
+            shard: ``None``.
+
+        Raises:
+            ValueError: an unknown parameter or a width that does not fit.
+
+        .. versionadded:: 1.1
+        """
+
+
+@runtime_checkable
+class AttentionLayer(Protocol):
+    """Attention over the paged KV cache, from :meth:`LayerFactory.attention`.
+
+    The selected attention backend computes it; the layer's KV cache is bound by the
+    engine after the cache is allocated.
+
+    .. versionadded:: 1.1
+    """
+
+    def __call__(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attn_metadata: Any) -> torch.Tensor:
+        """Attend for the flattened tokens of one step.
+
+        Args:
+            query: ``[num_tokens, num_heads * head_size]``.
+            key: ``[num_tokens, num_kv_heads * head_size]`` (written to the cache first).
+            value: Like ``key``.
+            attn_metadata: The ``attn_metadata`` the model's ``forward`` received, unchanged.
+
+        Returns:
+            ``[num_tokens, num_heads * head_size]``.
+
+        .. versionadded:: 1.1
+        """
+
+
+@runtime_checkable
+class LayerFactory(Protocol):
+    """Builds one model's layers; what ``ModelContext.layers`` holds in every worker.
+
+    Called: by the model's ``__init__``, in the worker, under the device's ``torch.device``
+    context; once per layer. Every rank makes the same calls with the same whole-model
+    sizes.
+
+    .. versionadded:: 1.1
+    """
+
+    @property
+    def tp_rank(self) -> int:
+        """This worker's tensor-parallel rank (``0`` on one device).
+
+        .. versionadded:: 1.1
+        """
+
+    @property
+    def tp_size(self) -> int:
+        """The number of tensor-parallel ranks (``1`` on one device).
+
+        .. versionadded:: 1.1
+        """
+
+    def linear(self, prefix: str, input_size: int, output_sizes: Sequence[int], *,
+               bias: bool = False, kind: Literal["linear", "lm_head"] = "linear",
+               parallel: Literal["replicated", "column", "row"] = "replicated",
+               head_size: int | None = None) -> LinearLayer:
+        """A linear layer, possibly fusing several logical outputs, possibly sharded.
+
+        The quantization method is asked for the layer (``get_quant_method`` with
+        ``kind``); ``None`` leaves it unquantized. Its matmul is a linear kernel chosen
+        for the method's scheme.
+
+        Args:
+            prefix: The layer's checkpoint name (``"model.layers.0.self_attn.qkv_proj"``);
+                quantization methods match on it.
+            input_size: Input features, whole model.
+            output_sizes: Output features of each fused logical output, whole model: one
+                entry for a plain layer, ``(q, k, v)`` or ``(gate, up)`` for fused ones.
+            bias: Whether the layer has a bias.
+            kind: ``"linear"``, or ``"lm_head"`` for the head (one output: the vocabulary).
+            parallel: ``"replicated"`` (every rank holds everything), ``"column"``
+                (outputs split across ranks; an ``lm_head`` is split by vocabulary rows,
+                ``ceil(vocab / tp_size)`` per rank, and its logits gathered on rank 0) or
+                ``"row"`` (inputs split, the ranks' outputs summed).
+            head_size: With ``parallel="column"`` for an attention projection: split each
+                output by whole heads of this size; an output with fewer heads than ranks
+                (KV heads) gives each rank the one head its query heads use.
+
+        Returns:
+            The layer (a ``torch.nn.Module``).
+
+        Raises:
+            ValueError: a size does not split across the ranks, an ``lm_head`` with more
+                than one output, or outputs that are not whole heads of ``head_size``.
+            UnsupportedError: no linear kernel can run the layer's scheme here (each
+                kernel's reason listed).
+
+        .. versionadded:: 1.1
+        """
+
+    def embedding(self, prefix: str, vocab_size: int, hidden_size: int) -> EmbeddingLayer:
+        """The token embedding table, split by vocabulary rows across the ranks.
+
+        The quantization method is asked with ``kind="embedding"``; when it returns a
+        method, the table's storage and lookup are that method's.
+
+        Args:
+            prefix: The table's checkpoint name (``"model.embed_tokens"``).
+            vocab_size: Rows of the whole table.
+            hidden_size: Width of a row.
+
+        Returns:
+            The layer (a ``torch.nn.Module``).
+
+        .. versionadded:: 1.1
+        """
+
+    def attention(self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int,
+                  scale: float, sliding_window: int | None = None) -> AttentionLayer:
+        """An attention layer served by the selected attention backend.
+
+        Args:
+            prefix: A unique name of the layer; it names the layer's KV cache.
+            num_heads: This rank's query heads (e.g. ``q_size // head_size`` from the
+                qkv layer's :attr:`LinearLayer.output_partition_sizes`).
+            num_kv_heads: This rank's key/value heads (fewer than ``num_heads``: GQA).
+            head_size: Elements per head.
+            scale: Softmax scale, usually ``head_size ** -0.5``.
+            sliding_window: Attend to at most this many past tokens; ``None``: all.
+
+        Returns:
+            The layer (a ``torch.nn.Module``).
+
+        Raises:
+            ValueError: a count is not positive, or ``num_kv_heads`` does not divide
+                ``num_heads``.
+
+        .. versionadded:: 1.1
+        """
+
+    def rms_norm(self, hidden_size: int, eps: float) -> RMSNormOp:
+        """The ``rms_norm`` op (or its selected replacement), weight ``[hidden_size]``.
+
+        Call it as ``norm(x) -> y`` or ``norm(x, residual) -> (y, new_residual)``
+        (:class:`engine.sdk.ops.RMSNormOp`); load its ``weight`` by copying the
+        checkpoint tensor into it.
+
+        Args:
+            hidden_size: The normalised (last) dimension.
+            eps: Added to the mean square.
+
+        Returns:
+            The op (a ``torch.nn.Module``).
+
+        .. versionadded:: 1.1
+        """
+
+    def rotary_embedding(self, head_size: int, rotary_dim: int, max_position: int,
+                         rope: Mapping[str, Any], *,
+                         is_neox_style: bool = True) -> RotaryEmbeddingOp:
+        """The ``rotary_embedding`` op (or its replacement) with the cache for ``rope``.
+
+        Call it as ``rope(positions, query, key) -> (query, key)`` with
+        ``[num_tokens, heads, head_size]`` tensors (:class:`engine.sdk.ops.RotaryEmbeddingOp`).
+
+        Args:
+            head_size: Elements per head.
+            rotary_dim: Leading elements of each head that rotate (even, <= head_size).
+            max_position: Positions covered (the config's ``max_position_embeddings``).
+            rope: The rope settings: ``rope_type`` (``"default"``, ``"linear"`` or
+                ``"llama3"``), ``rope_theta`` (the base), plus the type's own keys
+                (``"linear"``: ``factor``; ``"llama3"``: ``factor``, ``low_freq_factor``,
+                ``high_freq_factor``, ``original_max_position_embeddings``), as
+                transformers' ``rope_scaling`` spells them.
+            is_neox_style: Rotate halves (NeoX, Llama) or interleaved pairs (GPT-J).
+
+        Returns:
+            The op (a ``torch.nn.Module``).
+
+        Raises:
+            ValueError: an unsupported ``rope_type`` (the message lists the supported
+                ones), or an odd or too large ``rotary_dim``.
+            KeyError: a key the ``rope_type`` needs is missing.
+
+        .. versionadded:: 1.1
+        """
+
+    def silu_and_mul(self) -> SiluAndMulOp:
+        """The ``silu_and_mul`` op (or its replacement): ``silu(x[..., :d]) * x[..., d:]``.
+
+        Returns:
+            The op (a ``torch.nn.Module``; :class:`engine.sdk.ops.SiluAndMulOp`).
+
+        .. versionadded:: 1.1
+        """
