@@ -248,3 +248,34 @@ async def test_async_llm_collective_rpc_in_process(tiny_llama: Path, plugins_pat
         assert await llm.is_healthy()
     finally:
         await llm.shutdown()
+
+
+def test_a_local_ray_start_that_times_out_is_retried_once(monkeypatch: pytest.MonkeyPatch,
+                                                          ) -> None:
+    """Ray's raylet must register within a fixed 30 s; a slow first start gets a second go."""
+    from engine.core.executor.ray_executor import RayExecutor
+
+    class FakeRay:
+        def __init__(self, failures: int) -> None:
+            self.failures, self.calls, self.shutdowns = failures, 0, 0
+
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, **kwargs: Any) -> None:
+            self.calls += 1
+            if self.calls <= self.failures:
+                raise Exception("The current node timed out during startup. ...")
+
+        def shutdown(self) -> None:
+            self.shutdowns += 1
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    executor = RayExecutor.__new__(RayExecutor)
+    executor.world_size = 2
+    executor.ray = FakeRay(failures=1)
+    executor._init_ray()
+    assert (executor.ray.calls, executor.ray.shutdowns) == (2, 1)
+    executor.ray = FakeRay(failures=2)
+    with pytest.raises(Exception, match="timed out during startup"):
+        executor._init_ray()

@@ -157,7 +157,18 @@ class RayExecutor(Executor):
             cpus = max(os.cpu_count() or 1, self.world_size)
             logger.info("starting a local Ray instance (%d CPUs)", cpus)
             self._started_ray = True  # also when init fails half-way: shutdown() cleans up
-            ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+            for attempt in (1, 2):
+                try:
+                    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+                    return
+                except Exception as exc:  # Ray raises a bare Exception for this
+                    if attempt == 2 or "timed out during startup" not in str(exc):
+                        raise
+                    # Its raylet must register within 30 s (fixed in Ray); on a loaded
+                    # machine the first start can miss that. A second start is cheap.
+                    logger.warning("the local Ray instance did not start in time (%s); "
+                                   "starting it once more", exc)
+                    ray.shutdown()
 
     def _get(self, rank: int, ref: Any, *, starting: bool = False) -> Any:
         """``ray.get(ref)``, raising a death as soon as it is seen, naming the rank."""
