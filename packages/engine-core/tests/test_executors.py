@@ -7,10 +7,12 @@ are real processes / actors.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -190,8 +192,18 @@ def test_uni_with_more_ranks_is_refused(tiny_llama: Path) -> None:
 
 def test_ray_tp2_gives_tp1_tokens(tiny_llama: Path, reference: Any) -> None:
     pytest.importorskip("ray", reason="Ray is not installed: pip install 'engine-core[ray]'")
-    with make_llm(tiny_llama, tensor_parallel_size=2,
-                  distributed_executor_backend="ray") as llm:
+    from engine.core.executor.ray_executor import is_ray_start_timeout
+
+    try:
+        llm = make_llm(tiny_llama, tensor_parallel_size=2, distributed_executor_backend="ray")
+    except Exception as exc:
+        if not is_ray_start_timeout(exc):
+            raise
+        with warnings.catch_warnings():  # the processes Ray left behind, reaped now
+            warnings.simplefilter("ignore", ResourceWarning)
+            gc.collect()
+        pytest.skip(f"Ray's own processes did not start on this machine, twice: {exc}")
+    with llm:
         assert llm.llm_engine.core.executor.backend == "ray"
         tokens, logprobs = run(llm)
         assert_pool_full(llm)

@@ -100,6 +100,15 @@ class RayWorker:
             self.runtime.shutdown()
 
 
+#: What Ray says when its own processes did not come up within its fixed wait.
+RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
+
+
+def is_ray_start_timeout(exc: BaseException) -> bool:
+    """True when ``ray.init`` failed because Ray's processes started too slowly."""
+    return any(text in str(exc) for text in RAY_START_TIMEOUTS)
+
+
 class RayExecutor(Executor):
     """The ``ray`` executor (see the module docstring).
 
@@ -161,11 +170,11 @@ class RayExecutor(Executor):
                 try:
                     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
                     return
-                except Exception as exc:  # Ray raises a bare Exception for this
-                    if attempt == 2 or "timed out during startup" not in str(exc):
+                except Exception as exc:  # Ray raises a bare Exception for some of these
+                    if attempt == 2 or not is_ray_start_timeout(exc):
                         raise
-                    # Its raylet must register within 30 s (fixed in Ray); on a loaded
-                    # machine the first start can miss that. A second start is cheap.
+                    # Ray waits a fixed time for its GCS and raylet processes (15-30 s); on
+                    # a loaded machine a start can miss that. A second start is cheap.
                     logger.warning("the local Ray instance did not start in time (%s); "
                                    "starting it once more", exc)
                     ray.shutdown()
