@@ -33,12 +33,16 @@ def reference(q, k_ctx, v_ctx, start, scale, window):
     return torch.stack(out)
 
 
+MIXED = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 1), (3, 2), (20, 1), (0, 30)]
+EQUAL_DECODES = [(9, 1)] * 5  # one context length: the unmasked path
+
+
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mixed_prefill_decode_batch_matches_reference(window, dtype) -> None:
+@pytest.mark.parametrize("reqs", [MIXED, EQUAL_DECODES], ids=["mixed", "equal_decodes"])
+def test_mixed_prefill_decode_batch_matches_reference(window, dtype, reqs) -> None:
     gen = torch.Generator().manual_seed(0)
     # (cached tokens, new tokens) per request: decodes, chunks with a prefix, full prompts
-    reqs = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 1), (3, 2), (20, 1), (0, 30)]
     num_blocks = 64
     spec = AttentionSpec(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=D,
                          dtype=str(dtype).split(".")[1], kv_cache_dtype=str(dtype).split(".")[1],

@@ -167,14 +167,17 @@ class RMSNormOp(CustomOp):
     def forward_native(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """Reference RMSNorm (see the class docstring); computes in float32."""
+        """Reference RMSNorm (see the class docstring); computes in float32.
+
+        ``F.rms_norm`` computes exactly ``h * rsqrt(mean(h ** 2, -1) + eps)`` (bitwise, in
+        float32), in one call instead of four.
+        """
         orig_dtype = x.dtype
         h = x.to(torch.float32)
         if residual is not None:
             h = h + residual.to(torch.float32)
             residual = h.to(orig_dtype)
-        variance = h.pow(2).mean(dim=-1, keepdim=True)
-        y = (h * torch.rsqrt(variance + self.eps)).to(orig_dtype) * self.weight
+        y = F.rms_norm(h, (h.shape[-1],), eps=self.eps).to(orig_dtype) * self.weight
         return y if residual is None else (y, residual)
 
 
@@ -298,6 +301,8 @@ class RotaryEmbeddingOp(CustomOp):
         else:
             x1, x2 = rot[..., 0::2], rot[..., 1::2]
             out = torch.stack((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).flatten(-2)
+        if rest.shape[-1] == 0:  # the usual full-width rotation: nothing to append
+            return out.to(x.dtype)
         return torch.cat((out.to(x.dtype), rest), dim=-1)
 
 

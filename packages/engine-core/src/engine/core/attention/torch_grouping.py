@@ -11,6 +11,10 @@ of requests is padded to its longest query and longest context, so one batched
     mask     [n, 1, Q, L] key j visible to query i  <=>  j <= position(i)
                           and j > position(i) - sliding_window (when set)
 
+A decode group whose requests all have the same context length ``kv_len`` (and no sliding
+window) needs no mask: its keys are cut to ``kv_len`` and attention runs unmasked (torch's
+fastest CPU path); ``mask`` is then None.
+
 Decode requests form one group (Q = 1). Prefill requests are sorted by query length and cut
 into groups whose padding stays below the tokens they hold, so one long prompt never pads
 many short chunks. The layout is built once per step and shared by every layer.
@@ -32,7 +36,8 @@ class AttentionGroup:
     out_rows: torch.Tensor
     out_positions: torch.Tensor
     block_ids: torch.Tensor
-    mask: torch.Tensor
+    mask: torch.Tensor | None
+    kv_len: int | None = None
 
 
 def split_prefills(query_lens: np.ndarray, request_ids: np.ndarray) -> list[np.ndarray]:
@@ -61,6 +66,12 @@ def build_group(
     slens = seq_lens[reqs]
     max_q = int(qlens.max())
     num_blocks = int(-(-int(slens.max()) // block_size))
+    block_ids = block_table[torch.from_numpy(reqs.astype(np.int64)), :num_blocks].long()
+    if max_q == 1 and sliding_window is None and int(slens.min()) == int(slens.max()):
+        rows = torch.from_numpy(query_start[reqs].astype(np.int64))
+        return AttentionGroup(q_index=rows.view(-1, 1), out_rows=rows,
+                              out_positions=torch.arange(len(reqs)), block_ids=block_ids,
+                              mask=None, kv_len=int(slens[0]))
     offsets = np.arange(max_q)
     valid_q = offsets[None, :] < qlens[:, None]                        # [n, Q]
     q_index = np.where(valid_q, query_start[reqs][:, None] + offsets[None, :], 0)
@@ -76,7 +87,7 @@ def build_group(
         q_index=torch.from_numpy(q_index.astype(np.int64)),
         out_rows=torch.from_numpy(q_index.reshape(-1)[flat_valid].astype(np.int64)),
         out_positions=torch.from_numpy(np.flatnonzero(flat_valid).astype(np.int64)),
-        block_ids=block_table[torch.from_numpy(reqs.astype(np.int64)), :num_blocks].long(),
+        block_ids=block_ids,
         mask=torch.from_numpy(mask).unsqueeze(1),
     )
 

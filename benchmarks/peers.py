@@ -1,0 +1,147 @@
+"""The engine beside llama.cpp, vLLM and transformers, in one run, on one workload.
+
+Workload (the peers' own, ``../shared/peers/bench_common.py``): 64 prompts x 32 random token
+ids -> 128 new tokens, greedy, EOS ignored, bfloat16, 2 threads, on the ``llama-100m``
+checkpoint that ``../shared/peers/setup.sh`` builds (HF directory for the engine, vLLM and
+transformers; its bf16 GGUF for llama.cpp).
+
+    bash ../shared/peers/setup.sh                    # once (~10-15 min): peers + checkpoints
+    .venv/bin/python benchmarks/peers.py             # offline
+    .venv/bin/python benchmarks/peers.py --serve     # also over HTTP (vllm bench serve, c=64)
+
+Offline, the engine is timed like the peers' scripts: ``LLM.generate`` of the whole batch
+after a 2-prompt warm-up, generated tokens / wall time. Over HTTP every server gets the same
+client (``bench.sh client``: ``vllm bench serve``, 64 concurrent streams) and tokens/s is
+recomputed from the known 64 x 128. A peer that is not installed is shown as such, never
+guessed. Prints one table with the engine's ratio to each peer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
+PEERS_HOME = Path(os.environ.get("ENGINE_PEERS", Path.home() / ".cache" / "engine-peers"))
+NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 64, 32, 128
+
+
+def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
+    """Run ``bench.sh ARGS``; its ``PEER name k=v ...`` / ``CLIENT name k=v`` lines, by name."""
+    result = subprocess.run(["bash", str(PEERS_DIR / "bench.sh"), *args], capture_output=True,
+                            text=True, timeout=timeout)
+    found: dict[str, dict[str, str]] = {}
+    for line in result.stdout.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0] in ("PEER", "CLIENT"):
+            found[parts[1]] = dict(p.split("=", 1) for p in parts[2:] if "=" in p)
+    return found
+
+
+def engine_offline(model: Path, threads: int) -> float:
+    """Generated tokens per second of ``LLM.generate`` on the workload."""
+    sys.path.insert(0, str(PEERS_DIR))
+    from bench_common import make_prompts  # type: ignore[import-not-found]
+
+    from engine.core import LLM, SamplingParams
+
+    prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN)]
+    params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, min_tokens=OUTPUT_LEN,
+                            ignore_eos=True)
+    with LLM(str(model), dtype="bfloat16", max_model_len=2048, max_num_seqs=256,
+             num_threads=threads) as llm:
+        llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
+        start = time.perf_counter()
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        elapsed = time.perf_counter() - start
+    return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def engine_serve(model: Path, threads: int, port: int = 8915) -> dict[str, str]:
+    """``engine serve`` under the peers' HTTP client; adds ``ready_s``."""
+    command = [sys.executable, "-m", "engine.server.cli", "serve", str(model), "--dtype",
+               "bfloat16", "--port", str(port), "--served-model-name", model.name,
+               "--max-model-len", "2048", "--max-num-seqs", "256", "--num-threads",
+               str(threads)]
+    start = time.perf_counter()
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        ready = None
+        while server.poll() is None and time.perf_counter() - start < 300:
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=1):
+                    ready = time.perf_counter() - start
+                    break
+            except OSError:
+                time.sleep(0.1)
+        if ready is None:
+            return {"error": "engine serve did not become healthy"}
+        result = peer_lines("client", url, model.name, str(model)).get(model.name, {})
+        return {**result, "ready_s": f"{ready:.1f}"}
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+
+
+def _float(values: dict[str, str], key: str) -> float | None:
+    match = re.match(r"[0-9.]+", values.get(key, ""))
+    return float(match.group()) if match else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", default="llama-100m", help="a checkpoint setup.sh built")
+    parser.add_argument("--serve", action="store_true", help="also measure over HTTP")
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    model = PEERS_HOME / args.model
+    if not model.is_dir():
+        sys.exit(f"{model} does not exist: run `bash {PEERS_DIR}/setup.sh` first")
+    offline = peer_lines("offline", args.model)
+    rows = {"engine": {"offline": engine_offline(model, args.threads)}}
+    for name, key in (("llama.cpp", "e2e_tok_s"), ("vllm", "tok_s"), ("transformers", "tok_s")):
+        rows[name] = {"offline": _float(offline.get(name, {}), key)}
+    if args.serve:
+        served = peer_lines("serve", args.model)
+        mine = engine_serve(model, args.threads)
+        for name, values in (("engine", mine), ("llama.cpp", served.get("llama-server", {})),
+                             ("vllm", served.get("vllm-serve", {}))):
+            rows[name].update(http=_float(values, "out_tok_s"),
+                              ttft=_float(values, "ttft_mean_ms"), ready=_float(values, "ready_s"))
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
+                .splitlines() if line.startswith("model name")), "?")
+    flags = Path("/proc/cpuinfo").read_text()
+    has = [f for f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "avx2") if f" {f}" in flags]
+    print(f"\n{args.model}: {NUM_PROMPTS} prompts x {PROMPT_LEN} -> {OUTPUT_LEN} tokens, greedy, "
+          f"bf16, {args.threads} threads; {cpu} ({', '.join(has)})")
+    header = f"{'system':14s}{'offline tok/s':>15s}{'engine x':>10s}"
+    if args.serve:
+        header += f"{'HTTP tok/s':>12s}{'engine x':>10s}{'TTFT ms':>10s}{'ready s':>9s}"
+    print(header)
+    mine_row = rows["engine"]
+    for name, row in rows.items():
+        line = f"{name:14s}"
+        for key in ("offline", "http") if args.serve else ("offline",):
+            value, own = row.get(key), mine_row.get(key)
+            if value is None:
+                line += f"{'not installed' if key == 'offline' else '-':>15s}{'':>10s}"
+                continue
+            ratio = f"{own / value:.2f}" if own and name != "engine" else ""
+            line += f"{value:>15.1f}{ratio:>10s}" if key == "offline" else \
+                f"{value:>12.1f}{ratio:>10s}"
+        if args.serve:
+            ttft, ready = row.get("ttft"), row.get("ready")
+            line += f"{'-' if ttft is None else f'{ttft:.0f}':>10}"
+            line += f"{'-' if ready is None else f'{ready:.1f}':>9}"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
