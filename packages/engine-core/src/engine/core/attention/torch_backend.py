@@ -67,10 +67,13 @@ class TorchAttentionMetadataBuilder(AttentionMetadataBuilder[TorchAttentionMetad
 
 
 def _to(group: AttentionGroup, device: torch.device) -> AttentionGroup:
-    mask = group.mask.to(device, non_blocking=True) if group.mask is not None else None
-    return AttentionGroup(*(t.to(device, non_blocking=True) for t in (
-        group.q_index, group.out_rows, group.out_positions, group.block_ids)), mask=mask,
-        kv_len=group.kv_len)
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device, non_blocking=True)
+
+    return AttentionGroup(
+        q_index=moved(group.q_index), out_rows=moved(group.out_rows),
+        out_positions=moved(group.out_positions), block_ids=moved(group.block_ids),
+        mask=moved(group.mask) if group.mask is not None else None, kv_len=group.kv_len)
 
 
 class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
