@@ -35,7 +35,7 @@ from engine.sdk.kv_connector import (
 )
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.scheduler import ModelRunnerOutput, SchedulerContext, SchedulerOutput
-from engine.testing.contracts._scheduler_sim import SchedulerDriver, fake_next_token
+from engine.testing.contracts._scheduler_sim import SchedulerDriver, apply_deltas, sample_step
 
 __all__ = ["FakeKVWorker", "KVConnectorDriver", "KVSimConfig", "kv_value"]
 
@@ -148,7 +148,9 @@ class FakeKVWorker:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (see the module docstring); ``AssertionError`` names what broke."""
-        self._update_states(out)
+        apply_deltas(self.requests, out, lambda new: _State(
+            [*new.prompt_token_ids, *new.output_token_ids], list(new.block_ids),
+            new.num_computed_tokens))
         assert out.kv_connector_metadata is not None, (
             "the scheduler sent no kv_connector_metadata although a connector is set")
         metadata = self.metadata_cls.from_bytes(out.kv_connector_metadata)
@@ -165,24 +167,6 @@ class FakeKVWorker:
         self.connector.wait_for_save()
         sending, recving = self.connector.get_finished(set(out.finished_req_ids))
         return self._sample(out, frozenset(sending), frozenset(recving))
-
-    def _update_states(self, out: SchedulerOutput) -> None:
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            assert new.req_id not in self.requests, (
-                f"{new.req_id} sent as a new request while the worker still has it")
-            self.requests[new.req_id] = _State(
-                [*new.prompt_token_ids, *new.output_token_ids], list(new.block_ids),
-                new.num_computed_tokens)
-        cached = out.scheduled_cached_reqs
-        for req_id, new_block_ids, num_computed in zip(
-                cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True):
-            state = self.requests[req_id]
-            assert state.num_computed_tokens == num_computed, (
-                f"{req_id}: num_computed_tokens {num_computed}, the worker has "
-                f"{state.num_computed_tokens}")
-            state.block_ids.extend(new_block_ids)
 
     def _slots(self, state: _State, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
         size = self.config.block_size
@@ -218,20 +202,10 @@ class FakeKVWorker:
 
     def _sample(self, out: SchedulerOutput, sending: frozenset[str],
                 recving: frozenset[str]) -> ModelRunnerOutput:
-        req_ids: list[str] = []
-        sampled: list[tuple[int, ...]] = []
-        for req_id, num_tokens in out.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            state.num_computed_tokens += num_tokens
-            req_ids.append(req_id)
-            if state.num_computed_tokens < len(state.token_ids):
-                self.num_partial_chunks += 1
-                sampled.append(())
-                continue
-            token = fake_next_token(state.token_ids)
-            state.token_ids.append(token)
-            sampled.append((token,))
-        return ModelRunnerOutput(req_ids=tuple(req_ids), sampled_token_ids=tuple(sampled),
+        req_ids, sampled, num_partial = sample_step(self.requests, out,
+                                                    lambda state: state.token_ids)
+        self.num_partial_chunks += num_partial
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled,
                                  finished_sending=sending, finished_recving=recving)
 
 

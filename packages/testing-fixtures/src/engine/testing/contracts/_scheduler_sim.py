@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import (
     EngineCoreOutput,
     EngineRequest,
     ModelRunnerOutput,
+    NewRequestData,
     RequestStatus,
     SchedulerInterface,
     SchedulerOutput,
@@ -58,6 +59,70 @@ class _WorkerRequest:
     params: SamplingParams
 
 
+class WorkerRequestView(Protocol):
+    """What a fake worker keeps per request (its own copy of the sequence and blocks)."""
+
+    token_ids: list[int]
+    block_ids: list[int]
+    num_computed_tokens: int
+
+
+S = TypeVar("S", bound=WorkerRequestView)
+
+
+def apply_deltas(requests: dict[str, S], out: SchedulerOutput,
+                 new_state: Callable[[NewRequestData], S]) -> None:
+    """Bring a fake worker's ``requests`` up to date with ``out``, as a worker does.
+
+    Finished and preempted requests leave first, then new ones arrive (``new_state``
+    builds each), then cached ones get their new blocks.
+
+    Raises:
+        AssertionError: a rule of the deltas is broken (named in the message).
+    """
+    for req_id in out.finished_req_ids | out.preempted_req_ids:
+        requests.pop(req_id, None)
+    for new in out.scheduled_new_reqs:
+        assert new.req_id not in requests, (
+            f"{new.req_id} sent as a new request while the worker still has it")
+        requests[new.req_id] = new_state(new)
+    cached = out.scheduled_cached_reqs
+    for req_id, new_block_ids, num_computed in zip(
+            cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True):
+        assert req_id in requests, f"a cached-request delta for unknown {req_id}"
+        state = requests[req_id]
+        assert state.num_computed_tokens == num_computed, (
+            f"{req_id}: num_computed_tokens {num_computed}, the worker has "
+            f"{state.num_computed_tokens}")
+        state.block_ids.extend(new_block_ids)
+
+
+def sample_step(requests: dict[str, S], out: SchedulerOutput,
+                context_of: Callable[[S], Sequence[int]],
+                ) -> tuple[tuple[str, ...], tuple[tuple[int, ...], ...], int]:
+    """Advance each scheduled request and sample the fake model for the complete ones.
+
+    Returns:
+        ``(req_ids, sampled_token_ids, num_partial)``: the runner output's rows, and how
+        many requests computed only part of their known tokens (nothing sampled).
+    """
+    req_ids: list[str] = []
+    sampled: list[tuple[int, ...]] = []
+    num_partial = 0
+    for req_id, num_tokens in out.num_scheduled_tokens.items():
+        state = requests[req_id]
+        state.num_computed_tokens += num_tokens
+        req_ids.append(req_id)
+        if state.num_computed_tokens < len(state.token_ids):
+            num_partial += 1
+            sampled.append(())
+            continue
+        token = fake_next_token(context_of(state))
+        state.token_ids.append(token)  # the worker keeps its own copy of the sequence
+        sampled.append((token,))
+    return tuple(req_ids), tuple(sampled), num_partial
+
+
 class FakeWorker:
     """Applies each ``SchedulerOutput`` as a worker does and samples from a fake KV cache.
 
@@ -78,24 +143,10 @@ class FakeWorker:
 
     def execute(self, out: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step; fails with an ``AssertionError`` naming the broken rule."""
-        # Order matters: drop finished and preempted requests before adding new ones.
-        for req_id in out.finished_req_ids | out.preempted_req_ids:
-            self.requests.pop(req_id, None)
-        for new in out.scheduled_new_reqs:
-            assert new.req_id not in self.requests, (
-                f"{new.req_id} sent as a new request while the worker still has it")
-            self.requests[new.req_id] = _WorkerRequest(
-                [*new.prompt_token_ids, *new.output_token_ids], list(new.block_ids),
-                new.num_computed_tokens, new.sampling_params)
+        apply_deltas(self.requests, out, lambda new: _WorkerRequest(
+            [*new.prompt_token_ids, *new.output_token_ids], list(new.block_ids),
+            new.num_computed_tokens, new.sampling_params))
         cached = out.scheduled_cached_reqs
-        for req_id, new_block_ids, num_computed in zip(
-                cached.req_ids, cached.new_block_ids, cached.num_computed_tokens, strict=True):
-            assert req_id in self.requests, f"a cached-request delta for unknown {req_id}"
-            state = self.requests[req_id]
-            assert state.num_computed_tokens == num_computed, (
-                f"{req_id}: num_computed_tokens {num_computed}, the worker has "
-                f"{state.num_computed_tokens}")
-            state.block_ids.extend(new_block_ids)
         scheduled = [new.req_id for new in out.scheduled_new_reqs] + list(cached.req_ids)
         assert sorted(scheduled) == sorted(out.num_scheduled_tokens), (
             "num_scheduled_tokens must name exactly the new and cached requests")
@@ -124,21 +175,11 @@ class FakeWorker:
                 self.kv[slot] = (position, state.token_ids[position])
 
     def _sample(self, out: SchedulerOutput) -> ModelRunnerOutput:
-        req_ids: list[str] = []
-        sampled: list[tuple[int, ...]] = []
-        for req_id, num_tokens in out.num_scheduled_tokens.items():
-            state = self.requests[req_id]
-            state.num_computed_tokens += num_tokens
-            req_ids.append(req_id)
-            if state.num_computed_tokens < len(state.token_ids):
-                self.num_partial_chunks += 1
-                sampled.append(())
-                continue
-            context = [self.read(state, pos) for pos in range(len(state.token_ids))]
-            token = fake_next_token(context)
-            state.token_ids.append(token)  # the worker keeps its own copy of the sequence
-            sampled.append((token,))
-        return ModelRunnerOutput(req_ids=tuple(req_ids), sampled_token_ids=tuple(sampled))
+        # The fake model reads its context from the KV cache, not from the token ids.
+        req_ids, sampled, num_partial = sample_step(self.requests, out, lambda state: [
+            self.read(state, pos) for pos in range(len(state.token_ids))])
+        self.num_partial_chunks += num_partial
+        return ModelRunnerOutput(req_ids=req_ids, sampled_token_ids=sampled)
 
     def read(self, state: _WorkerRequest, position: int) -> int:
         """The token whose KV the slot of ``position`` holds (checked against the request)."""
