@@ -15,6 +15,7 @@ dtype:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -59,13 +60,16 @@ def _params(layer: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
     return weight, scale
 
 
-def _finish(acc: torch.Tensor, x_scale: torch.Tensor, w_scale: torch.Tensor,
-            bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
-    values = acc.float()
+def _w8a8_matmul(layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None,
+                 matmul: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """Quantize ``x`` per token, ``matmul(q, weight^T)`` the integers, scale, add ``bias``."""
+    weight, w_scale = _params(layer)
+    q, x_scale = quantize_tokens(x.reshape(-1, x.shape[-1]))
+    values = matmul(q, weight.t()).float()
     values.mul_(x_scale).mul_(w_scale)
     if bias is not None:
         values += bias
-    return values.to(dtype)
+    return values.to(x.dtype).view(*x.shape[:-1], values.shape[-1])
 
 
 class Int8IntMMKernel(LinearKernel):
@@ -88,12 +92,7 @@ class Int8IntMMKernel(LinearKernel):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        weight, w_scale = _params(layer)
-        x2 = x.reshape(-1, x.shape[-1])
-        q, x_scale = quantize_tokens(x2)
-        acc = torch._int_mm(q, weight.t())
-        out = _finish(acc, x_scale, w_scale, bias, x.dtype)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _w8a8_matmul(layer, x, bias, torch._int_mm)
 
 
 class Int8ReferenceKernel(LinearKernel):
@@ -112,9 +111,4 @@ class Int8ReferenceKernel(LinearKernel):
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        weight, w_scale = _params(layer)
-        x2 = x.reshape(-1, x.shape[-1])
-        q, x_scale = quantize_tokens(x2)
-        acc = q.float() @ weight.float().t()
-        out = _finish(acc, x_scale, w_scale, bias, x.dtype)
-        return out.view(*x.shape[:-1], out.shape[-1])
+        return _w8a8_matmul(layer, x, bias, lambda q, w: q.float() @ w.float())
