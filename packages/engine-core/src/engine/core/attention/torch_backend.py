@@ -57,6 +57,7 @@ class TorchAttentionMetadataBuilder(AttentionMetadataBuilder[TorchAttentionMetad
         groups = build_groups(
             common.query_start_loc_cpu.numpy(), common.seq_lens_cpu.numpy(),
             common.block_table.cpu(), spec.block_size, spec.sliding_window,
+            spec.num_heads // spec.num_kv_heads,
         )
         device = common.slot_mapping.device
         if device.type != "cpu":
@@ -97,10 +98,7 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             q = query[group.q_index.view(-1)].view(n, q_len, num_kv_heads, -1, head_size)
             groups = q.shape[3]
             q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, groups * q_len, head_size)
-            mask = group.mask
-            if mask is not None and q_len > 1 and groups > 1:
-                mask = mask.repeat(1, 1, groups, 1)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
                                                  scale=self.params.scale)
             # [n, KVH, G * Q, D] -> [n * Q, H * D]
             out = out.view(n, num_kv_heads, groups, q_len, head_size).permute(0, 3, 1, 2, 4)

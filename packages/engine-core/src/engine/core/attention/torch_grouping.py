@@ -11,6 +11,10 @@ of requests is padded to its longest query and longest context, so one batched
     mask     [n, 1, Q, L] key j visible to query i  <=>  j <= position(i)
                           and j > position(i) - sliding_window (when set)
 
+With ``G`` query heads per KV head and ``Q > 1``, the mask has ``G * Q`` rows (row
+``g * Q + i`` is query ``i``'s), the layout of the backend's folded queries; built once
+per step, not per layer.
+
 A decode group whose requests all have the same context length ``kv_len`` (and no sliding
 window) needs no mask: its keys are cut to ``kv_len`` and attention runs unmasked (torch's
 fastest CPU path); ``mask`` is then None.
@@ -60,6 +64,7 @@ def split_prefills(query_lens: np.ndarray, request_ids: np.ndarray) -> list[np.n
 def build_group(
     reqs: np.ndarray, query_start: np.ndarray, query_lens: np.ndarray, seq_lens: np.ndarray,
     block_table: torch.Tensor, block_size: int, sliding_window: int | None,
+    queries_per_kv_head: int = 1,
 ) -> AttentionGroup:
     """The padded layout of one group of requests (indices into the step's requests)."""
     qlens = query_lens[reqs]
@@ -82,6 +87,8 @@ def build_group(
         mask &= keys[None, None, :] > positions[:, :, None] - sliding_window
     mask[~valid_q] = False
     mask[~valid_q, 0] = True  # padding rows see one key: finite softmax, output discarded
+    if max_q > 1 and queries_per_kv_head > 1:  # one decode row broadcasts over the heads
+        mask = np.tile(mask, (1, queries_per_kv_head, 1))
     flat_valid = valid_q.reshape(-1)
     return AttentionGroup(
         q_index=torch.from_numpy(q_index.astype(np.int64)),
@@ -94,7 +101,7 @@ def build_group(
 
 def build_groups(
     query_start: np.ndarray, seq_lens: np.ndarray, block_table: torch.Tensor, block_size: int,
-    sliding_window: int | None,
+    sliding_window: int | None, queries_per_kv_head: int = 1,
 ) -> tuple[AttentionGroup, ...]:
     """All groups of a step: decodes together, prefills in bounded-padding groups."""
     query_lens = np.diff(query_start)
@@ -105,6 +112,6 @@ def build_groups(
         split_prefills(query_lens, prefills) if len(prefills) else [])
     return tuple(
         build_group(reqs, query_start, query_lens, seq_lens, block_table, block_size,
-                    sliding_window)
+                    sliding_window, queries_per_kv_head)
         for reqs in batches
     )
