@@ -35,9 +35,25 @@ from engine.sdk.groups import (
 T = TypeVar("T", bound=type)
 
 
-def describe(exc: BaseException) -> str:
-    """``"ZeroDivisionError: division by zero"``."""
-    return f"{type(exc).__name__}: {exc}"
+def describe(cause: BaseException | str) -> str:
+    """``"ZeroDivisionError: division by zero"`` for an exception; a message as it is."""
+    if isinstance(cause, BaseException):
+        return f"{type(cause).__name__}: {cause}"
+    return cause
+
+
+R = TypeVar("R")
+
+
+def call_plugin(hook: str, fn: Callable[..., R], *args: Any,
+                error: Callable[[str], PluginError]) -> R:
+    """``fn(*args)``; any exception but a ``PluginError`` becomes ``error("HOOK raised ...")``."""
+    try:
+        return fn(*args)
+    except PluginError:
+        raise
+    except Exception as exc:
+        raise error(f"{hook} raised {describe(exc)}") from exc
 
 
 def guard_forward(cls: T, error: Callable[[str], PluginError]) -> T:

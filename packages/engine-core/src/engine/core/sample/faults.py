@@ -20,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from engine.core.plugin_faults import describe
 from engine.sdk.errors import PluginError, PluginFailure
 from engine.sdk.logits_processor import BatchUpdate, LogitsProcessor, RowsFailedError
-from engine.sdk.logits_processor._rows_failed import describe
 
 
 class LogitsFaults:

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
+from engine.core.plugin_faults import call_plugin
 from engine.core.scheduler.request import Request
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import KV_CONNECTORS
@@ -86,13 +87,8 @@ class KVConnectorBridge:
         self._held: dict[str, _HeldBlocks] = {}
 
     def _call(self, hook: str, fn: Callable[..., T], *args: object) -> T:
-        try:
-            return fn(*args)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise kv_connector_error(
-                self.name, f"{hook} raised {type(exc).__name__}: {exc}") from exc
+        return call_plugin(hook, fn, *args,
+                           error=lambda cause: kv_connector_error(self.name, cause))
 
     @property
     def num_held(self) -> int:

@@ -34,6 +34,7 @@ from engine.core.kv_connectors import (
     kv_connector_options,
     load_kv_connector,
 )
+from engine.core.plugin_faults import call_plugin
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import KV_CONNECTORS
 from engine.sdk.kv_connector import (
@@ -106,12 +107,7 @@ class WorkerKVConnector:
         return runner
 
     def _call(self, hook: str, fn: Callable[..., T], *args: Any) -> T:
-        try:
-            return fn(*args)
-        except PluginError:
-            raise
-        except Exception as exc:
-            raise self._error(f"{hook} raised {type(exc).__name__}: {exc}") from exc
+        return call_plugin(hook, fn, *args, error=self._error)
 
     # -- one step --------------------------------------------------------------------
 
