@@ -36,14 +36,13 @@ from engine.core.quantization.gguf_kernels import (
     int4_fields,
 )
 from engine.core.quantization.gguf_method import GGUFConfig
-from engine.core.scheduler import Scheduler
 from engine.core.startup import prepare
 from engine.core.worker.worker import Worker
 from engine.sdk import SamplingParams, UnsupportedError, ValidationError
 from engine.sdk.linear_kernel import LinearKernelConfig, select_linear_kernel
 from engine.sdk.platform import PlatformInfo
-from engine.sdk.scheduler import EngineRequest, SchedulerContext
-from engine.testing.tensor_parallel import capture_logits, run_ranks
+from engine.sdk.scheduler import EngineRequest
+from engine.testing.tensor_parallel import drive_worker, run_ranks
 
 GEN = np.random.default_rng(0)
 
@@ -277,22 +276,7 @@ REQUESTS = (
 def run_worker(config: EngineConfig) -> tuple[list[Any], list[Any], list[torch.Tensor], Worker]:
     """Drive the real scheduler with one worker: every step, output and logits."""
     worker = Worker(prepare(config, process="worker"), eos_token_id=None)
-    worker.initialize_cache(worker.num_available_blocks)
-    logits = capture_logits(worker.model)
-    setup = worker.setup
-    scheduler = Scheduler(SchedulerContext(
-        plugin_name="default", block_size=setup.block_size, num_kv_blocks=worker.num_blocks - 1,
-        max_num_seqs=8, max_model_len=setup.max_model_len,
-        max_num_batched_tokens=setup.config.max_num_batched_tokens))
-    for request in REQUESTS:
-        scheduler.add_request(request)
-    steps, outputs = [], []
-    while scheduler.has_unfinished_requests():
-        step = scheduler.schedule()
-        output = worker.execute_model(step)
-        scheduler.update_from_output(step, output)
-        steps.append(step)
-        outputs.append(output)
+    steps, outputs, logits = drive_worker(worker, REQUESTS, max_num_seqs=8)
     return steps, outputs, logits, worker
 
 

@@ -27,7 +27,6 @@ from engine.core.distributed import (
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader import DefaultModelNotFoundError, default_model_path
 from engine.core.platforms import CpuPlatform, CudaPlatform
-from engine.core.scheduler import Scheduler
 from engine.core.startup import prepare
 from engine.core.worker.worker import Worker
 from engine.sdk import SamplingParams, ValidationError
@@ -35,11 +34,10 @@ from engine.sdk.scheduler import (
     CachedRequestData,
     EngineRequest,
     ModelRunnerOutput,
-    SchedulerContext,
     SchedulerOutput,
 )
 from engine.testing.models import TINY_LLAMA, build_tiny_llama_with
-from engine.testing.tensor_parallel import capture_logits, run_ranks
+from engine.testing.tensor_parallel import drive_worker, run_ranks
 
 COMMON: dict[str, Any] = {
     "dtype": "float32", "block_size": 4, "num_kv_blocks": 48, "max_model_len": 96,
@@ -72,21 +70,8 @@ def reference_run(model: Path) -> tuple[list[SchedulerOutput], list[ModelRunnerO
     setup = prepare(EngineConfig(model=str(model), **COMMON), process="worker")
     worker = Worker(setup, eos_token_id=None)
     assert worker.kv_caches == {} and worker.model_runner is None
-    worker.initialize_cache(worker.num_available_blocks)
-    logits = capture_logits(worker.model)
-    scheduler = Scheduler(SchedulerContext(
-        plugin_name="default", block_size=setup.block_size, num_kv_blocks=worker.num_blocks - 1,
-        max_num_seqs=setup.config.max_num_seqs, max_model_len=setup.max_model_len,
-        max_num_batched_tokens=setup.config.max_num_batched_tokens))
-    for request in REQUESTS:
-        scheduler.add_request(request)
-    steps, outputs = [], []
-    while scheduler.has_unfinished_requests():
-        step = scheduler.schedule()
-        output = worker.execute_model(step)
-        scheduler.update_from_output(step, output)
-        steps.append(step)
-        outputs.append(output)
+    steps, outputs, logits = drive_worker(worker, REQUESTS,
+                                          max_num_seqs=setup.config.max_num_seqs)
     return steps, outputs, logits, worker
 
 

@@ -4,7 +4,8 @@
 (``spawn``), each builds ``Worker(prepare(config, process="worker"), rank=r, ...)`` over a
 fresh ``tcp://127.0.0.1:PORT`` rendezvous, allocates ``num_blocks`` KV blocks, runs every
 ``SchedulerOutput`` of ``steps`` and reports its outputs and every logits tensor its model's
-``compute_logits`` returned (rank 0: the full logits).
+``compute_logits`` returned (rank 0: the full logits). ``drive_worker`` makes such steps:
+the default scheduler driving one worker in this process (the TP=1 reference).
 """
 
 from __future__ import annotations
@@ -41,6 +42,35 @@ def capture_logits(model: Any) -> list[torch.Tensor]:
 
     model.compute_logits = recording
     return captured
+
+
+def drive_worker(worker: Any, requests: Sequence[Any], *, max_num_seqs: int,
+                 ) -> tuple[list[Any], list[Any], list[torch.Tensor]]:
+    """Run ``requests`` through the default scheduler and ``worker`` until all finish.
+
+    Allocates the worker's whole KV cache first. Returns every ``SchedulerOutput``, every
+    ``ModelRunnerOutput`` and every logits tensor its model computed, in order.
+    """
+    from engine.core.scheduler import Scheduler
+    from engine.sdk.scheduler import SchedulerContext
+
+    worker.initialize_cache(worker.num_available_blocks)
+    logits = capture_logits(worker.model)
+    setup = worker.setup
+    scheduler = Scheduler(SchedulerContext(
+        plugin_name="default", block_size=setup.block_size, num_kv_blocks=worker.num_blocks - 1,
+        max_num_seqs=max_num_seqs, max_model_len=setup.max_model_len,
+        max_num_batched_tokens=setup.config.max_num_batched_tokens))
+    for request in requests:
+        scheduler.add_request(request)
+    steps, outputs = [], []
+    while scheduler.has_unfinished_requests():
+        step = scheduler.schedule()
+        output = worker.execute_model(step)
+        scheduler.update_from_output(step, output)
+        steps.append(step)
+        outputs.append(output)
+    return steps, outputs, logits
 
 
 @dataclass
