@@ -20,7 +20,7 @@ import pytest
 
 from engine.core import LLM, SamplingParams
 from engine.sdk import PluginError
-from engine.testing.engine import assert_kv_pool_full
+from engine.testing.engine import assert_kv_pool_full, tokens_and_cached
 
 DIST = "engine-test-plugin-kvconn"
 PROMPTS = (list(range(10, 60)), [*range(10, 40), 3, 4, 5], [7] * 20)
@@ -42,10 +42,7 @@ def recorder(**options: Any) -> dict[str, Any]:
 
 def generate(llm: LLM, prompts: Sequence[Sequence[int]] = PROMPTS,
              ) -> tuple[list[list[int]], list[int]]:
-    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], GREEDY,
-                           use_tqdm=False)
-    return ([list(o.outputs[0].token_ids) for o in outputs],
-            [o.num_cached_tokens for o in outputs])
+    return tokens_and_cached(llm, prompts, GREEDY)
 
 
 def settle(llm: LLM) -> None:

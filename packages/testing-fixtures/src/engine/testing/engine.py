@@ -16,6 +16,15 @@ def assert_kv_pool_full(llm: Any) -> None:
     assert not llm.llm_engine.core.has_unfinished_requests()
 
 
+def tokens_and_cached(llm: Any, prompts: Sequence[Sequence[int]], params: Any,
+                      ) -> tuple[list[list[int]], list[int]]:
+    """Generate token-id ``prompts``: each output's token ids, and its ``num_cached_tokens``."""
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompts], params,
+                           use_tqdm=False)
+    return ([list(o.outputs[0].token_ids) for o in outputs],
+            [o.num_cached_tokens for o in outputs])
+
+
 def hf_greedy(path: Path, prompts: Sequence[Sequence[int]], max_tokens: int) -> list[list[int]]:
     """Greedy continuations by ``transformers`` (full recompute each step; no EOS stop)."""
     import torch
