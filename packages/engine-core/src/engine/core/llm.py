@@ -105,6 +105,14 @@ class LLM:
         """The model's tokenizer."""
         return self.llm_engine.tokenizer
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What ``generate`` and ``chat`` use when no ``sampling_params`` are given.
+
+        vLLM's defaults, with the model's ``generation_config.json`` values over them
+        (the ``generation_config`` option: ``"vllm"`` leaves the file out).
+        """
+        return self.llm_engine.setup.generation_defaults.sampling_params()
+
     def generate(
         self, prompts: PromptType | Sequence[PromptType],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None, *,
@@ -123,7 +131,7 @@ class LLM:
             [prompts] if _is_single_prompt(prompts)  # type: ignore[list-item]
             else list(prompts)  # type: ignore[arg-type]
         )
-        params = sampling_params or SamplingParams()
+        params = sampling_params or self.get_default_sampling_params()
         params_list = [params] * len(items) if isinstance(params, SamplingParams) else list(params)
         if len(params_list) != len(items):
             raise ValidationError(f"got {len(params_list)} sampling params for {len(items)} "
@@ -183,7 +191,7 @@ class LLM:
                 "serve --io-processor NAME)"), param="io_processor")
         request_id = f"encode-{next(self._ids)}"
         prompts = handle.pre_process(handle.parse_request(data), request_id,
-                                     sampling_params or SamplingParams())
+                                     sampling_params or self.get_default_sampling_params())
         processed = []
         for prompt in prompts:
             try:

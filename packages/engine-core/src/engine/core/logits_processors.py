@@ -37,6 +37,19 @@ __all__ = [
 _NEG_INF = float("-inf")
 
 
+class _BuiltinLogitsProcessor(LogitsProcessor):
+    """A built-in processor: it reads ``SamplingParams`` fields, never ``extra_args``."""
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        """Accept every request: the SDK validated the fields this processor reads.
+
+        Overriding the default says that this processor takes no ``extra_args`` keys, so
+        it does not stop the front end from refusing keys that no processor takes (see
+        :mod:`engine.core.frontend.extra_args`).
+        """
+
+
 @dataclass(frozen=True)
 class _MinTokensState:
     min_tokens: int
@@ -44,7 +57,7 @@ class _MinTokensState:
     banned_token_ids: tuple[int, ...]
 
 
-class MinTokensLogitsProcessor(LogitsProcessor):
+class MinTokensLogitsProcessor(_BuiltinLogitsProcessor):
     """Suppress EOS and ``stop_token_ids`` until a request has ``min_tokens`` tokens.
 
     Uses ``SamplingParams.min_tokens`` and ``stop_token_ids``, and the context's
@@ -107,7 +120,7 @@ class MinTokensLogitsProcessor(LogitsProcessor):
         self._active_slots = active
 
 
-class LogitBiasLogitsProcessor(LogitsProcessor):
+class LogitBiasLogitsProcessor(_BuiltinLogitsProcessor):
     """Add ``SamplingParams.logit_bias`` (``{token_id: bias}``) to the request's logits.
 
     Token ids at or beyond the vocabulary size are ignored. Not argmax-invariant.
@@ -155,7 +168,7 @@ class LogitBiasLogitsProcessor(LogitsProcessor):
         return logits
 
 
-class MinPLogitsProcessor(LogitsProcessor):
+class MinPLogitsProcessor(_BuiltinLogitsProcessor):
     """Drop tokens whose probability is below ``min_p`` times the most likely token's.
 
     Uses ``SamplingParams.min_p`` (0 disables). Argmax-invariant: it runs on the random

@@ -19,11 +19,18 @@ import torch
 from engine.core.config import EngineConfig
 from engine.core.custom_op_selection import CustomOpSettings, resolve_settings
 from engine.core.distributed import check_tensor_parallel
-from engine.core.model_loader import ModelSource, load_config, resolve_model
+from engine.core.model_loader import (
+    GenerationDefaults,
+    ModelSource,
+    load_config,
+    load_generation_defaults,
+    resolve_model,
+)
 from engine.core.platforms import select_platform
 from engine.core.plugin_options import check_option_targets, check_unused_options
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
 from engine.core.quantization import QuantizationSelection, resolve_quantization
+from engine.core.vllm_options import check_kv_cache_dtype, log_option_notes
 from engine.sdk.errors import ValidationError
 from engine.sdk.groups import WORKER_EXTENSIONS
 from engine.sdk.platform import Platform, PlatformConfig
@@ -57,6 +64,8 @@ class EngineSetup:
     #: The quantization method (``--quantization`` or the checkpoint's), checked and
     #: configured in this process; None: unquantized.
     quantization: QuantizationSelection | None = None
+    #: Default sampling parameters (``--generation-config``) of requests that leave them unset.
+    generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
 
     @property
     def quant_config(self) -> QuantizationConfig | None:
@@ -126,10 +135,12 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
                                   platform.name, catalog)  # bad op names fail here
     for name in platform_config.worker_extensions:  # unknown names fail before any load
         catalog.resolve(WORKER_EXTENSIONS, name)
-    source = resolve_model(config.model)
+    source = resolve_model(config.model, load_format=config.load_format,
+                           tokenizer=config.tokenizer)
     hf_config = load_config(source)
     check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
     dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
+    check_kv_cache_dtype(config.kv_cache_dtype, str(dtype).removeprefix("torch."))
     quantization = resolve_quantization(config.quantization, catalog, source, platform,
                                         str(dtype).removeprefix("torch."))  # before any load
     setup = EngineSetup(
@@ -142,9 +153,11 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         custom_ops=custom_ops,
         enforce_eager=config.enforce_eager or bool(platform_config.enforce_eager),
         quantization=quantization,
+        generation_defaults=load_generation_defaults(source, config.generation_config),
     )
     if process == "frontend":  # the values no plugin constructor would check
         check_unused_options(setup)
+        log_option_notes(setup)  # vLLM options that change nothing here, and why
     logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d%s", process,
                 source.display_name, source.kind, platform.name,
                 str(dtype).removeprefix("torch."), setup.max_model_len,

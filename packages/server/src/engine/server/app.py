@@ -1,55 +1,40 @@
 """``build_app``: the OpenAI-compatible FastAPI app around an :class:`AsyncLLM`.
 
 Routes: ``/v1/completions``, ``/v1/chat/completions``, ``/v1/models``, ``/health``,
-``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``, ``POST /pooling`` (the
-``--io-processor``; 404 without one), plus the routes of allowed endpoint plugins, and
-with ``--enable-dev-endpoints`` ``POST /collective_rpc``. ``--api-key`` protects
-``/v1/*``, ``/pooling`` and the dev endpoints. The app's lifespan starts the engine
-if it is not running yet, initialises endpoint plugins, and shuts the engine down at exit.
+``/ping``, ``/load``, ``/version``, ``/metrics``, ``/tokenize``, ``/detokenize``,
+``POST /pooling`` (the ``--io-processor``; 404 without one), plus the routes of allowed
+endpoint plugins, and with ``--enable-dev-endpoints`` ``POST /collective_rpc``.
+
+Middleware, outermost first: the API key (:mod:`engine.server.access`: every route but the
+probes and ``--public-path`` ones), the body limit (:mod:`engine.server.limits`: 413 past
+``--max-request-bytes``), the load counter behind ``/load`` (:mod:`engine.server.load`).
+So a request is authenticated on its headers before its body is read, and its body is
+bounded before anything parses it. The app's lifespan starts the engine if it is not
+running yet, initialises endpoint plugins, and shuts the engine down at exit.
 """
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from prometheus_client import CollectorRegistry
-from starlette.types import ASGIApp, Receive, Scope, Send
 
 from engine.core import __version__
 from engine.core.client.async_llm import AsyncLLM
 from engine.core.io_processing import load_io_processor
-from engine.server import basic, chat, completions, dev, metrics, pooling, tokenize
+from engine.server import basic, chat, completions, dev, load, metrics, pooling, tokenize
+from engine.server.access import APIKeyMiddleware, check_public_paths
 from engine.server.endpoints import (
     LoadedEndpoint,
     attach_endpoint_plugins,
     init_endpoint_states,
+    route_keys,
 )
-from engine.server.errors import error_response, install_error_handlers
+from engine.server.errors import install_error_handlers
+from engine.server.limits import RequestSizeLimitMiddleware, check_max_request_bytes
 from engine.server.state import ServerArgs, ServerState
-
-
-class APIKeyMiddleware:
-    """Refuse ``/v1/*`` (and ``paths``) requests without ``Authorization: Bearer <key>``."""
-
-    def __init__(self, app: ASGIApp, api_key: str, paths: tuple[str, ...] = ()) -> None:
-        self.app = app
-        self._expected = f"Bearer {api_key}".encode()
-        self._paths = frozenset(paths)
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and (scope["path"].startswith("/v1/")
-                                        or scope["path"] in self._paths):
-            given = dict(scope["headers"]).get(b"authorization", b"")
-            if not hmac.compare_digest(given, self._expected):
-                response = error_response(
-                    401, "invalid or missing API key: send 'Authorization: Bearer <key>'",
-                    code="invalid_api_key")
-                await response(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
 
 
 def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
@@ -59,12 +44,16 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
         PluginError: an endpoint plugin failed to load, or its routes clash with existing
             ones (the message names both); the ``--io-processor`` failed to load or
             construct.
+        ValueError: a ``--public-path`` no route serves, or ``--max-request-bytes`` < 1.
     """
     args = args or ServerArgs()
+    check_max_request_bytes(args.max_request_bytes)
     registry = CollectorRegistry()
     state = ServerState(engine=engine, args=args,
                         model_names=args.served_model_names or (engine.model_name,),
                         metrics=registry, io_processor=load_io_processor(engine.setup))
+    if engine.info is None and args.served_model_names:  # metrics label the served name
+        engine.served_model_name = args.served_model_names[0]
     engine.add_stat_logger("prometheus",
                            lambda ctx: metrics.PrometheusStatLogger(ctx, registry))
     loaded: list[LoadedEndpoint] = []
@@ -81,15 +70,20 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
 
     app = FastAPI(title="engine", version=__version__, lifespan=lifespan)
     app.state.server = state
+    app.state.server_load = load.ServerLoad()
     install_error_handlers(app)
-    for module in (completions, chat, basic, tokenize, metrics, pooling):
+    for module in (completions, chat, basic, load, tokenize, metrics, pooling):
         app.include_router(module.router)
     if args.enable_dev_endpoints:
         app.include_router(dev.router)
-    if args.api_key:
-        app.add_middleware(APIKeyMiddleware, api_key=args.api_key, paths=(
-            pooling.PATH, *(dev.PATHS if args.enable_dev_endpoints else ())))
     if args.enable_endpoint_plugins:
         loaded.extend(attach_endpoint_plugins(app, engine.setup.catalog))
+    check_public_paths(args.public_paths, (path for _, path in route_keys(app.router.routes)),
+                       has_api_key=bool(args.api_key))
+    # add_middleware wraps what was added before: the last one added runs first.
+    app.add_middleware(load.ServerLoadMiddleware, load=app.state.server_load)
+    app.add_middleware(RequestSizeLimitMiddleware, max_bytes=args.max_request_bytes)
+    if args.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=args.api_key,
+                           public_paths=args.public_paths)
     return app
-

@@ -1,4 +1,8 @@
-"""``GET /v1/models``, ``GET /health`` and ``GET /version``."""
+"""``GET /v1/models``, ``GET /health``, ``GET``/``POST /ping`` and ``GET /version``.
+
+``/health`` and ``/ping`` (vLLM's name for the same probe, e.g. for SageMaker) answer from
+the event loop without waiting for any request's work, and stay open under ``--api-key``.
+"""
 
 from __future__ import annotations
 
@@ -35,6 +39,18 @@ async def health(request: Request) -> Response:
     reason = engine.dead_error or "EngineCore is not running"
     return error_response(503, f"the engine is not available: {reason}",
                           code="engine_unavailable")
+
+
+@router.get("/ping", response_model=None)
+async def ping(request: Request) -> Response:
+    """The same answer as ``GET /health`` (vLLM's ``/ping``)."""
+    return await health(request)
+
+
+@router.post("/ping", response_model=None)
+async def ping_post(request: Request) -> Response:
+    """The same answer as ``GET /health`` (vLLM also serves ``POST /ping``)."""
+    return await health(request)
 
 
 @router.get("/version")

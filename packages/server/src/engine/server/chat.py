@@ -32,6 +32,7 @@ from engine.server.protocol import (
     DeltaMessage,
     UsageInfo,
 )
+from engine.server.request_log import log_request
 from engine.server.sampling import chat_params, chat_renames
 from engine.server.state import random_id, server_state
 from engine.server.streaming import (
@@ -121,14 +122,17 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     """OpenAI's chat completions API (see the module docstring)."""
     state = server_state(request)
     model = state.check_model(body.model)
-    params = chat_params(body)
+    params = chat_params(body, state.engine.setup.generation_defaults)
     engine = state.engine
-    prompt = chat_prompt(engine.tokenizer, body.messages,
-                         add_generation_prompt=body.add_generation_prompt,
-                         template_kwargs=body.chat_template_kwargs)
+    # Rendering and tokenizing a long conversation takes a while: off the event loop.
+    prompt = await engine.tokenizer_pool.run(
+        chat_prompt, engine.tokenizer, body.messages,
+        add_generation_prompt=body.add_generation_prompt,
+        template_kwargs=body.chat_template_kwargs)
     response_id, created = random_id("chatcmpl"), int(time.time())
-    streams = start_requests(engine, response_id, [prompt], params, priority=body.priority,
-                             rename=chat_renames(body))
+    log_request(state.args, response_id, prompt, params)
+    streams = await start_requests(engine, response_id, [prompt], params,
+                                   priority=body.priority, rename=chat_renames(body))
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -27,6 +27,7 @@ from engine.server.protocol import (
     CompletionResponse,
     UsageInfo,
 )
+from engine.server.request_log import log_request
 from engine.server.sampling import completion_params
 from engine.server.state import random_id, server_state
 from engine.server.streaming import (
@@ -118,10 +119,11 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     """OpenAI's completions API (see the module docstring)."""
     state = server_state(request)
     model = state.check_model(body.model)
-    params = completion_params(body)
+    params = completion_params(body, state.engine.setup.generation_defaults)
     response_id, created = random_id("cmpl"), int(time.time())
-    streams = start_requests(state.engine, response_id, prompts_of(body.prompt), params,
-                             priority=body.priority)
+    log_request(state.args, response_id, body.prompt, params)
+    streams = await start_requests(state.engine, response_id, prompts_of(body.prompt),
+                                   params, priority=body.priority)
     echo = _Echo(state.engine.tokenizer, body.echo, body.logprobs)
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage

@@ -15,6 +15,10 @@
                                    its group and distribution), or a bug (code
                                    ``internal_error``, logged with its traceback)
 =====  ==========================  =================================================
+
+An error never costs the client its connection: an exception no handler takes is answered
+with the JSON 500 (code ``internal_error``), and :class:`KeepConnectionOnError` keeps the
+keep-alive connection usable for the next request.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from engine.core.messages import EngineDeadError
 from engine.sdk.errors import PluginError, ValidationError
@@ -57,11 +62,21 @@ def error_body(status: int, message: str, *, param: str | None = None,
                       "param": param, "code": code}}
 
 
+class _ErrorJSONResponse(JSONResponse):
+    """A JSON response that renders any message, even one holding a lone surrogate."""
+
+    def render(self, content: Any) -> bytes:
+        try:
+            return super().render(content)
+        except UnicodeEncodeError:  # escaped as \udXXX: still valid JSON, and ASCII
+            return json.dumps(content, separators=(",", ":")).encode("ascii")
+
+
 def error_response(status: int, message: str, *, param: str | None = None,
                    code: str | None = None) -> JSONResponse:
     """A JSON response with the OpenAI error body."""
-    return JSONResponse(error_body(status, message, param=param, code=code),
-                        status_code=status)
+    return _ErrorJSONResponse(error_body(status, message, param=param, code=code),
+                              status_code=status)
 
 
 def to_api_error(exc: BaseException) -> APIError:
@@ -103,7 +118,11 @@ def describe_validation_errors(errors: list[Any]) -> tuple[str, str | None]:
         elif kind == "extra_forbidden":
             messages.append(f"unknown field {param!r}: this API does not define it")
         elif kind == "missing":
-            messages.append(f"{param} is required")
+            messages.append(f"{param} is required" if param else
+                            "the request body is required: send a JSON object")
+        elif param is None and isinstance(error.get("input"), (bytes, bytearray)):
+            messages.append("the request body must be a JSON object sent with "
+                            "Content-Type: application/json")
         else:
             where = f"{param}: " if param else "body: "
             given = json.dumps(error.get("input"), default=str)[:80]
@@ -140,9 +159,68 @@ def install_error_handlers(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        return error_response(exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, _http_detail(exc))
 
+    # Starlette's ServerErrorMiddleware calls this one for any exception nothing else took
+    # (from a route or a middleware), sends its answer, then re-raises the exception:
+    # KeepConnectionOnError, wrapped around the whole stack, stops it there.
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:
-        error = to_api_error(exc)
+        error = to_api_error(exc)  # logs it, with its traceback
         return error_response(error.status, error.message, code=error.code)
+
+    # Outside ServerErrorMiddleware, which add_middleware cannot reach: Starlette builds the
+    # stack on the first request by calling build_middleware_stack, so this wrapper becomes
+    # the outermost layer whatever middleware is added later.
+    build_stack = app.build_middleware_stack
+
+    def build_wrapped_stack() -> ASGIApp:
+        return KeepConnectionOnError(build_stack())
+
+    app.build_middleware_stack = build_wrapped_stack  # type: ignore[method-assign]
+
+
+def _http_detail(exc: StarletteHTTPException) -> str:
+    """The message of an HTTP error; for a body that failed to parse, why it failed."""
+    cause = exc.__cause__
+    if exc.status_code != 400 or cause is None or not str(exc.detail).startswith(
+            "There was an error parsing the body"):
+        return str(exc.detail)
+    why = ("arrays or objects are nested too deeply" if isinstance(cause, RecursionError)
+           else f"{type(cause).__name__}: {cause}")
+    return f"the request body could not be parsed ({why}); send a JSON object encoded as UTF-8"
+
+
+class KeepConnectionOnError:
+    """Keep the connection open after an error 500 that was answered already.
+
+    Starlette's ``ServerErrorMiddleware`` answers an exception that no handler took (with
+    the JSON 500 of the ``Exception`` handler, which logs it) and then re-raises it for the
+    server to log; uvicorn then closes the keep-alive connection, so the client's next
+    request on it fails with a reset. Wrapped around the whole app, this layer ends the
+    exception once its response is complete. An exception in a response that had started
+    but not finished is re-raised: the server must close the connection on the
+    incomplete response.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        finished = False
+
+        async def watching_send(message: Message) -> None:
+            nonlocal finished
+            if message["type"] == "http.response.body" and not message.get("more_body"):
+                finished = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, watching_send)
+        except Exception:
+            if not finished:
+                raise
+            # Answered and logged by the Exception handler: nothing is left to do.

@@ -17,10 +17,15 @@ Names follow vLLM's with the ``engine:`` prefix, so dashboards port by renaming:
     engine:e2e_request_latency_seconds    histogram
     engine:request_prompt_tokens          histogram  prompt length of finished requests
     engine:request_generation_tokens      histogram  generated tokens of finished requests
+    engine:engine_alive                   gauge      1 while EngineCore serves, 0 once it died
+                                                     (or the server is shutting down)
 
-Every metric has the label ``model_name``. Each server has its own registry (no global
-state); ``/metrics`` refreshes the gauges from EngineCore before rendering, so they are
-current even when the engine is idle.
+Every metric has the label ``model_name``: the served model name (the first
+``--served-model-name``, else the model's name), as vLLM's dashboards expect. Each server
+has its own registry (no global state); ``/metrics`` refreshes the gauges from EngineCore
+before rendering, so they are current even when the engine is idle. Once EngineCore died,
+the running, waiting and KV-cache gauges read 0 (nothing holds them any more) and
+``engine:engine_alive`` 0; the counters keep what was counted.
 """
 
 from __future__ import annotations
@@ -111,6 +116,9 @@ class PrometheusStatLogger(StatLogger):
         self.request_generation = histogram("engine:request_generation_tokens",
                                             "Generated tokens of finished requests.",
                                             token_buckets)
+        self.alive = gauge("engine:engine_alive", "1 while EngineCore serves, 0 once it "
+                           "died or the server is shutting down.")
+        self.alive.set(1)
 
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
@@ -145,9 +153,16 @@ router = APIRouter()
 async def metrics(request: Request) -> Response:
     """Prometheus text exposition of the server's registry."""
     state = server_state(request)
-    try:
-        await state.engine.get_stats()  # refreshes the gauges through the stat loggers
-    except EngineDeadError:
-        pass  # still export what was recorded; /health reports the death
+    engine = state.engine
     registry: CollectorRegistry = state.metrics
+    try:
+        await engine.get_stats()  # refreshes the gauges through the stat loggers
+    except EngineDeadError:
+        pass  # the gauges were zeroed at the death; /health says why
+    alive = engine.dead_error is None
+    for stat_logger in engine.stat_loggers.loggers.values():
+        if isinstance(stat_logger, PrometheusStatLogger) and stat_logger.registry is registry:
+            stat_logger.alive.set(1 if alive else 0)
+            if not alive:  # also before the output handler has seen the death
+                stat_logger.record(SchedulerStats(), None)
     return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)

@@ -27,6 +27,7 @@ from engine.core.io_processing import IOProcessorHandle, generation_result, io_p
 from engine.sdk.errors import ValidationError
 from engine.sdk.sampling_params import SamplingParams
 from engine.server.errors import APIError
+from engine.server.protocol import surrogate_in
 from engine.server.state import ServerState, random_id, server_state
 from engine.server.streaming import (
     ClientDisconnected,
@@ -52,11 +53,19 @@ def _handle(state: ServerState) -> IOProcessorHandle:
 
 
 async def _json_body(request: Request) -> Any:
+    """The body as JSON; every string in it valid Unicode (as for the other routes)."""
     raw = await request.body()
     try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:  # JSONDecodeError is a ValueError
         raise ValidationError(f"malformed JSON body: {exc}") from None
+    except RecursionError:
+        raise ValidationError("malformed JSON body: arrays or objects are nested too "
+                              "deeply") from None
+    problem = surrogate_in(data)
+    if problem is not None:
+        raise ValidationError(f"body: {problem}")
+    return data
 
 
 @router.post(PATH, response_model=None)
@@ -71,8 +80,8 @@ async def pooling(request: Request) -> Response:
     try:
         for prompt in prompts:  # all or none: an invalid prompt aborts the queued ones
             try:
-                streams.append(state.engine.add_request(prompt.request_id, prompt.prompt,
-                                                        prompt.params))
+                streams.append(await state.engine.add_request_async(
+                    prompt.request_id, prompt.prompt, prompt.params))
             except ValidationError as exc:
                 raise handle.invalid_prompt(prompt, exc) from None
         outputs = await cancel_on_disconnect(request, collect_final(streams))

@@ -1,4 +1,4 @@
-"""Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra fields.
+r"""Request bodies of the OpenAI-compatible API (pydantic), with vLLM's extra fields.
 
 Every model forbids unknown fields (a typo is a 400 naming the field, never silently
 ignored) and is strict about types (``"0.5"`` is not a temperature). OpenAI fields the
@@ -6,14 +6,32 @@ engine cannot honour are declared so that they get a precise message: they are a
 only at their neutral value (see ``UNSUPPORTED`` in :mod:`engine.server.sampling`).
 
 Ranges (``temperature >= 0``, ``top_p`` in (0, 1], ...) are checked by
-``engine.sdk.SamplingParams``, so the HTTP API and ``LLM`` accept exactly the same values.
+``engine.sdk.SamplingParams``, so the HTTP API and ``LLM`` accept exactly the same values;
+what the wire to EngineCore can carry (``seed`` in int64, ``top_k`` in int32, ...) by
+:mod:`engine.core.frontend.wire_limits`. Here, for every body: numbers are finite (JSON's
+``NaN``/``Infinity`` and ``1e999`` are refused), every string is valid Unicode (no lone
+UTF-16 surrogate such as ``"\ud800"``: the tokenizer and the wire cannot carry it), and
+``chat_template_kwargs`` may not set the chat template call's own arguments.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal, Union
+from collections import deque
+from collections.abc import Mapping
+from typing import Annotated, Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    Tag,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from engine.core.frontend.wire_limits import describe_surrogate, lone_surrogate_at
 
 #: Most completions per prompt a request may ask for.
 MAX_N = 128
@@ -24,10 +42,88 @@ MAX_LOGPROBS = 20
 Prompt = Union[str, list[str], list[int], list[list[int]]]
 
 
-class OpenAIModel(BaseModel):
-    """Base of request bodies: unknown fields forbidden, types strict."""
+#: Types of JSON values that hold no text: a list of only these is skipped in one C call.
+_SCALARS = frozenset({int, float, bool, type(None)})
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+
+def surrogate_in(value: Any) -> str | None:
+    """Why ``value`` (a field's value, walked through lists and dicts) is not valid Unicode.
+
+    None when every string in it, dict keys included, is valid. Iterative (nesting as deep
+    as the JSON parser allows cannot overflow the stack), breadth first (the first bad
+    string is reported), and a list of numbers (token ids) costs one pass in C.
+    """
+    queue: deque[tuple[tuple[Any, ...], Any]] = deque([((), value)])
+    while queue:
+        path, item = queue.popleft()
+        if isinstance(item, str):
+            index = lone_surrogate_at(item)
+            if index is not None:
+                where = f"the text at {_dotted(path)}" if path else "the text"
+                return f"{where} {describe_surrogate(item, index)}"
+        elif isinstance(item, Mapping):
+            for key, child in item.items():
+                if isinstance(key, str) and (index := lone_surrogate_at(key)) is not None:
+                    where = f"a key of {_dotted(path)}" if path else "a key"
+                    return f"{where} {describe_surrogate(key, index)}"
+                if type(child) not in _SCALARS:
+                    queue.append(((*path, key), child))
+        elif isinstance(item, (list, tuple)) and not set(map(type, item)) <= _SCALARS:
+            queue.extend(((*path, i), child) for i, child in enumerate(item)
+                         if type(child) not in _SCALARS)
+    return None
+
+
+def _dotted(path: tuple[Any, ...]) -> str:
+    return ".".join(str(part) for part in path)
+
+
+class OpenAIModel(BaseModel):
+    """Base of request bodies: unknown fields forbidden, strict types, valid values.
+
+    Numbers must be finite and every string valid Unicode (see the module docstring).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _valid_unicode(cls, value: Any) -> Any:
+        if isinstance(value, BaseModel):
+            return value  # a nested body checks its own fields
+        problem = surrogate_in(value)
+        if problem is not None:
+            raise PydanticCustomError("invalid_unicode", problem)
+        return value
+
+
+#: What ``Tokenizer.apply_chat_template`` (engine-core), transformers'
+#: ``apply_chat_template`` and its ``render_jinja_template`` take as their own arguments or
+#: pass to the template themselves: a ``chat_template_kwargs`` key may not set them.
+RESERVED_TEMPLATE_KWARGS = frozenset({
+    "self", "messages", "conversation", "conversations", "add_generation_prompt", "tools",
+    "documents", "chat_template", "continue_final_message", "tokenize",
+    "sanitize_control_tokens", "padding", "truncation", "max_length", "return_tensors",
+    "return_dict", "return_assistant_tokens_mask", "tokenizer_kwargs",
+})
+
+
+def _check_template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any] | None:
+    clash = sorted(set(kwargs or ()) & RESERVED_TEMPLATE_KWARGS)
+    if clash:
+        names = ", ".join(repr(name) for name in clash)
+        raise PydanticCustomError(
+            "reserved_template_kwargs",
+            f"{names} cannot be set here: the server passes "
+            f"{'it' if len(clash) == 1 else 'them'} to the chat template call itself "
+            f"(messages and add_generation_prompt are fields of the request). Keys are "
+            f"template variables (e.g. enable_thinking), any but: "
+            f"{', '.join(sorted(RESERVED_TEMPLATE_KWARGS))}")
+    return kwargs
+
+
+#: ``chat_template_kwargs``: extra template variables, none of them reserved.
+TemplateKwargs = Annotated[dict[str, Any] | None, AfterValidator(_check_template_kwargs)]
 
 
 class StreamOptions(OpenAIModel):
@@ -102,7 +198,7 @@ class ChatCompletionRequest(SamplingRequest):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs = None
     tools: Any = None
     tool_choice: Any = None
     parallel_tool_calls: Any = None
@@ -133,10 +229,23 @@ class TokenizeChatRequest(OpenAIModel):
     add_generation_prompt: bool = True
     add_special_tokens: bool = False
     return_token_strs: bool = False
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: TemplateKwargs = None
 
 
-TokenizeRequest = Union[TokenizeCompletionRequest, TokenizeChatRequest]
+def _tokenize_kind(body: Any) -> str:
+    """Which ``/tokenize`` body this is: one with ``messages`` is a conversation."""
+    has_messages = (isinstance(body, Mapping) and "messages" in body) or isinstance(
+        body, TokenizeChatRequest)
+    return "TokenizeChatRequest" if has_messages else "TokenizeCompletionRequest"
+
+
+#: ``POST /tokenize``: a text, or a conversation when the body has ``messages`` (errors
+#: then name that form's fields only, not both forms').
+TokenizeRequest = Annotated[
+    Union[Annotated[TokenizeCompletionRequest, Tag("TokenizeCompletionRequest")],
+          Annotated[TokenizeChatRequest, Tag("TokenizeChatRequest")]],
+    Discriminator(_tokenize_kind),
+]
 
 
 class DetokenizeRequest(OpenAIModel):

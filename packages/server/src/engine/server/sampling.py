@@ -11,10 +11,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from engine.core.model_loader.generation_config import GenerationDefaults
 from engine.sdk.errors import ValidationError
 from engine.sdk.sampling_params import SamplingParams
 from engine.server.protocol import (
-    MAX_LOGPROBS,
     MAX_N,
     ChatCompletionRequest,
     CompletionRequest,
@@ -83,28 +83,39 @@ def _extra_args(request: SamplingRequest) -> dict[str, Any] | None:
     return merged
 
 
+#: Longer ``logit_bias`` keys cannot be a token id of any vocabulary (and int() of a
+#: 5,000-digit string raises).
+_MAX_TOKEN_ID_DIGITS = 18
+
+
 def _logit_bias(bias: Mapping[str, float] | None) -> dict[int, float] | None:
     if bias is None:
         return None
     out = {}
     for key, value in bias.items():
-        try:
-            out[int(key)] = value
-        except ValueError:
-            raise ValidationError(f"logit_bias keys must be token ids (integers as strings), "
-                                  f"got {key!r}", param="logit_bias") from None
+        # Plain decimal digits only: int() would also take " 7", "+7", "1_0" and non-ASCII digits.
+        if not (key.isascii() and key.isdigit()):
+            raise ValidationError(f"logit_bias keys must be token ids (non-negative integers "
+                                  f"written as decimal strings, e.g. \"50256\"), got {key!r}",
+                                  param="logit_bias")
+        if len(key) > _MAX_TOKEN_ID_DIGITS:
+            raise ValidationError(f"logit_bias key {key[:20]}... ({len(key)} digits) is not a "
+                                  f"token id: token ids are below the vocabulary size",
+                                  param="logit_bias")
+        out[int(key)] = value
     return out
 
 
 def _check_logprobs(value: int | None, param: str) -> None:
-    if value is not None and not 0 <= value <= MAX_LOGPROBS:
-        raise ValidationError(f"{param} must be in [0, {MAX_LOGPROBS}], got {value}",
-                              param=param)
+    # The upper bound is the engine's --max-logprobs (checked by its input processor).
+    if value is not None and value < 0:
+        raise ValidationError(f"{param} must be an integer >= 0, got {value}", param=param)
 
 
 def build_params(request: SamplingRequest, *, max_tokens: int | None, logprobs: int | None,
                  prompt_logprobs: int | None = None,
-                 rename: Mapping[str, str] | None = None) -> SamplingParams:
+                 rename: Mapping[str, str] | None = None,
+                 defaults: GenerationDefaults | None = None) -> SamplingParams:
     """``SamplingParams`` from the request's sampling fields.
 
     Args:
@@ -114,23 +125,27 @@ def build_params(request: SamplingRequest, *, max_tokens: int | None, logprobs: 
         prompt_logprobs: Top logprobs per prompt token (completions ``echo``), or None.
         rename: Engine parameter names to report under the request's names
             (``{"max_tokens": "max_completion_tokens"}``).
+        defaults: The model's default sampling parameters (``--generation-config``) for
+            the fields the request leaves unset (null).
 
     Raises:
         ValidationError: a value is out of range; ``param`` is the request's field name.
     """
     check_supported(request)
     stop = request.stop
+    default = (defaults or GenerationDefaults()).get
     try:
         return SamplingParams(
             n=request.n,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=request.top_k or 0, min_p=request.min_p or 0.0,
+            temperature=default("temperature", request.temperature, 1.0),
+            top_p=default("top_p", request.top_p, 1.0),
+            top_k=default("top_k", request.top_k, 0),
+            min_p=default("min_p", request.min_p, 0.0),
             presence_penalty=request.presence_penalty,
             frequency_penalty=request.frequency_penalty,
-            repetition_penalty=(1.0 if request.repetition_penalty is None
-                                else request.repetition_penalty),
-            seed=request.seed, max_tokens=max_tokens, min_tokens=request.min_tokens,
+            repetition_penalty=default("repetition_penalty", request.repetition_penalty, 1.0),
+            seed=request.seed, max_tokens=default("max_tokens", max_tokens, None),
+            min_tokens=request.min_tokens,
             stop=(stop,) if isinstance(stop, str) else tuple(stop or ()),
             stop_token_ids=tuple(request.stop_token_ids or ()),
             ignore_eos=request.ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
@@ -153,12 +168,16 @@ def renamed(exc: ValidationError, rename: Mapping[str, str] | None) -> Validatio
     return ValidationError(message, param=param)
 
 
-def completion_params(request: CompletionRequest) -> SamplingParams:
-    """Sampling params of a completions request (``echo`` + ``logprobs`` adds prompt ones)."""
+def completion_params(request: CompletionRequest,
+                      defaults: GenerationDefaults | None = None) -> SamplingParams:
+    """Sampling params of a completions request (``echo`` + ``logprobs`` adds prompt ones).
+
+    ``defaults`` (``--generation-config``) fill the sampling fields the request leaves null.
+    """
     _check_logprobs(request.logprobs, "logprobs")
     prompt_logprobs = request.logprobs if request.echo and request.logprobs is not None else None
     return build_params(request, max_tokens=request.max_tokens, logprobs=request.logprobs,
-                        prompt_logprobs=prompt_logprobs)
+                        prompt_logprobs=prompt_logprobs, defaults=defaults)
 
 
 def chat_renames(request: ChatCompletionRequest) -> dict[str, str]:
@@ -169,8 +188,12 @@ def chat_renames(request: ChatCompletionRequest) -> dict[str, str]:
     return rename
 
 
-def chat_params(request: ChatCompletionRequest) -> SamplingParams:
-    """Sampling params of a chat request (``max_completion_tokens`` wins over ``max_tokens``)."""
+def chat_params(request: ChatCompletionRequest,
+                defaults: GenerationDefaults | None = None) -> SamplingParams:
+    """Sampling params of a chat request (``max_completion_tokens`` wins over ``max_tokens``).
+
+    ``defaults`` (``--generation-config``) fill the sampling fields the request leaves null.
+    """
     _check_logprobs(request.top_logprobs, "top_logprobs")
     if request.top_logprobs is not None and not request.logprobs:
         raise ValidationError("top_logprobs needs logprobs: true", param="top_logprobs")
@@ -178,4 +201,4 @@ def chat_params(request: ChatCompletionRequest) -> SamplingParams:
     max_tokens = (request.max_tokens if request.max_completion_tokens is None
                   else request.max_completion_tokens)
     return build_params(request, max_tokens=max_tokens, logprobs=logprobs,
-                        rename=chat_renames(request))
+                        rename=chat_renames(request), defaults=defaults)

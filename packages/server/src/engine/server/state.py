@@ -12,6 +12,7 @@ from fastapi import Request
 from engine.core.client.async_llm import AsyncLLM
 from engine.core.io_processing import IOProcessorHandle
 from engine.server.errors import APIError
+from engine.server.limits import DEFAULT_MAX_REQUEST_BYTES
 
 
 @dataclass(frozen=True)
@@ -21,15 +22,27 @@ class ServerArgs:
     Attributes:
         served_model_names: Names clients use in ``model``; the first is reported. Default:
             the model's display name.
-        api_key: When set, ``/v1/*`` needs ``Authorization: Bearer <api_key>``.
+        api_key: When set, every route but ``/health``, ``/ping`` and ``public_paths``
+            needs ``Authorization: Bearer <api_key>``.
         enable_endpoint_plugins: Load allowed ``engine.endpoints`` plugins.
         enable_dev_endpoints: Serve ``POST /collective_rpc`` (``--enable-dev-endpoints``).
+        max_request_bytes: Largest request body accepted; a larger one is a 413
+            (``--max-request-bytes``; default 32 MiB).
+        public_paths: Routes served without the API key besides the probes
+            (``--public-path``).
+        enable_log_requests: Log each generation request's prompt and sampling
+            parameters at INFO (``--enable-log-requests``; :mod:`engine.server.request_log`).
+        max_log_len: Characters (and token ids) of a prompt shown in that line; None: all.
     """
 
     served_model_names: tuple[str, ...] = ()
     api_key: str | None = None
     enable_endpoint_plugins: bool = True
     enable_dev_endpoints: bool = False
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+    public_paths: tuple[str, ...] = ()
+    enable_log_requests: bool = False
+    max_log_len: int | None = None
 
 
 @dataclass

@@ -196,10 +196,12 @@ async def merge_streams(streams: Sequence[RequestStream]) -> AsyncIterator[
             stream.close()
 
 
-def start_requests(engine: AsyncLLM, request_id: str, prompts: Sequence[PromptType],
-                   params: SamplingParams, *, priority: int = 0,
-                   rename: Mapping[str, str] | None = None) -> list[RequestStream]:
+async def start_requests(engine: AsyncLLM, request_id: str, prompts: Sequence[PromptType],
+                         params: SamplingParams, *, priority: int = 0,
+                         rename: Mapping[str, str] | None = None) -> list[RequestStream]:
     """Queue one engine request per prompt (ids ``{request_id}-{i}``); all or none.
+
+    Each prompt is tokenized on the engine's tokenizer pool (off the event loop).
 
     Raises:
         ValidationError: a prompt is invalid (the ones already queued are aborted).
@@ -208,8 +210,8 @@ def start_requests(engine: AsyncLLM, request_id: str, prompts: Sequence[PromptTy
     streams: list[RequestStream] = []
     try:
         for index, prompt in enumerate(prompts):
-            streams.append(engine.add_request(f"{request_id}-{index}", prompt, params,
-                                              priority=priority))
+            streams.append(await engine.add_request_async(f"{request_id}-{index}", prompt,
+                                                          params, priority=priority))
     except ValidationError as exc:
         for stream in streams:
             stream.close()

@@ -11,12 +11,18 @@ through an :class:`~engine.core.client.EngineCoreClient`, whichever transport th
         print(output.outputs[0].text)                        # cumulative, updated in place
     await engine.shutdown()
 
+Validation and tokenization of a prompt run on a :class:`TokenizerPool` thread in
+:meth:`add_request_async` and :meth:`generate` (the server's path), so a long prompt does
+not stall the event loop; :meth:`add_request` does them on the caller's thread.
+
 One output-handler task reads the client's ``StepOutputs``, applies them to the
 ``OutputProcessor``, ends stop-string choices in EngineCore (``finish_requests(...,
 FINISHED_STOPPED)``), wakes the requests whose output changed, and feeds one
 ``IterationStats`` per step to every stat logger (``shutdown()`` tells each logger once
 that the engine stopped). If EngineCore dies, every request in flight and every later
-call fails with ``EngineDeadError``.
+call fails with ``EngineDeadError``, the stat loggers get an empty snapshot (nothing runs
+or holds KV blocks any more) and the periodic log line says the engine is dead, and
+:meth:`AsyncLLM.wait_for_death` returns (``engine serve`` then exits with status 1).
 """
 
 from __future__ import annotations
@@ -39,7 +45,8 @@ from engine.core.client.stat_loggers import (
 )
 from engine.core.config import EngineConfig
 from engine.core.frontend.front_end import FrontEndParts
-from engine.core.frontend.input_processor import PromptType
+from engine.core.frontend.input_processor import ProcessedRequest, PromptType
+from engine.core.frontend.tokenizer_pool import TokenizerPool
 from engine.core.messages import EngineDeadError, EngineInfo, StepOutputs
 from engine.core.outputs import RequestOutput
 from engine.core.startup import EngineSetup, prepare
@@ -79,6 +86,9 @@ class AsyncLLM:
         log_stats: Add the built-in :class:`LoggingStatLogger` (per-request and throughput
             log lines).
         log_stats_interval: Seconds between throughput lines (``StatLogger.log`` calls).
+        served_model_name: The name clients use for the model (``--served-model-name``):
+            the stat loggers' ``ctx.model``, so metrics carry it. Default: the model's
+            display name.
     """
 
     def __init__(
@@ -87,6 +97,7 @@ class AsyncLLM:
         setup: EngineSetup | None = None,
         stat_loggers: Mapping[str, StatLoggerFactory] | None = None,
         log_stats: bool = True, log_stats_interval: float = 10.0,
+        served_model_name: str | None = None,
     ) -> None:
         self.config = config
         self.setup = setup or prepare(config)
@@ -94,6 +105,8 @@ class AsyncLLM:
         self._tokenizer, self.eos_token_id = parts.tokenizer, parts.eos_token_id
         self.input_processor = parts.input_processor
         self.output_processor = parts.output_processor
+        #: Runs tokenizer work (encode, chat templates) off the event loop.
+        self.tokenizer_pool = TokenizerPool()
         if client is None:
             from engine.core.rpc import GrpcCoreClient
 
@@ -110,6 +123,9 @@ class AsyncLLM:
         self._tasks: list[asyncio.Task[None]] = []
         self._dead: EngineDeadError | None = None
         self._shutting_down = False
+        self._shut_down = asyncio.Event()
+        self._died = asyncio.Event()  # EngineCore died on its own (not by shutdown())
+        self.served_model_name = served_model_name or self.model_name
 
     @classmethod
     async def create(cls, config: EngineConfig, **kwargs: object) -> AsyncLLM:
@@ -155,7 +171,8 @@ class AsyncLLM:
         try:
             self.stat_loggers = make_stat_loggers(
                 self.setup, self.info, plugin_classes=plugin_classes,
-                factories=self._stat_logger_factories, log_stats=self._log_stats)
+                factories=self._stat_logger_factories, log_stats=self._log_stats,
+                model_name=self.served_model_name)
         except BaseException:
             await self.client.shutdown()
             raise
@@ -170,17 +187,22 @@ class AsyncLLM:
             self._stat_logger_factories[name] = factory
         else:
             self.stat_loggers.loggers[name] = factory(
-                stat_logger_context(self.setup, self.info, name))
+                stat_logger_context(self.setup, self.info, name,
+                                    model_name=self.served_model_name))
 
-    async def shutdown(self) -> None:
-        """Stop EngineCore; requests in flight end with ``EngineDeadError``. Idempotent.
+    async def shutdown(self, reason: str = "the engine was shut down") -> None:
+        """Stop EngineCore; requests in flight end at once with ``EngineDeadError(reason)``.
 
-        Then every stat logger's ``shutdown()`` is called, once (after its last
-        ``record``), so it can flush what it buffered.
+        Idempotent: a later (or concurrent) call waits until the first one is done. Then
+        every stat logger's ``shutdown()`` is called, once (after its last ``record``), so
+        it can flush what it buffered.
         """
         if self._shutting_down:
+            await self._shut_down.wait()
             return
         self._shutting_down = True
+        # First, so their clients are answered while EngineCore stops.
+        self._fail_all(self._dead or EngineDeadError(reason))
         try:
             await self.client.shutdown()
             for task in self._tasks:
@@ -188,9 +210,20 @@ class AsyncLLM:
             for task in self._tasks:
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
-            self._fail_all(self._dead or EngineDeadError("the engine was shut down"))
+            self._fail_all(self._dead or EngineDeadError(reason))
         finally:
+            self.tokenizer_pool.shutdown()
             self.stat_loggers.shutdown()
+            self._shut_down.set()
+
+    async def wait_for_death(self) -> EngineDeadError:
+        """Wait until EngineCore dies on its own (never returns after :meth:`shutdown`).
+
+        Returns:
+            Why it died (the error every request gets from then on).
+        """
+        await self._died.wait()
+        return self._dead or EngineDeadError("EngineCore died")
 
     # -- requests --------------------------------------------------------------------------
 
@@ -200,21 +233,57 @@ class AsyncLLM:
     ) -> RequestStream:
         """Validate, tokenize and queue a request; returns the stream of its outputs.
 
+        Tokenization runs on the caller's thread; :meth:`add_request_async` runs it on the
+        tokenizer pool instead.
+
         Raises:
             ValidationError: the prompt or the params are invalid (nothing was queued).
             EngineDeadError: EngineCore is gone.
         """
+        arrival = self._admit(request_id, priority, arrival_time)
+        processed = self.input_processor.process(request_id, prompt, params, priority=priority,
+                                                 arrival_time=arrival)
+        return self._enqueue(processed, arrival)
+
+    async def add_request_async(
+        self, request_id: str, prompt: PromptType, params: SamplingParams, *,
+        priority: int = 0, arrival_time: float | None = None,
+    ) -> RequestStream:
+        """:meth:`add_request`, with validation and tokenization on the tokenizer pool.
+
+        The event loop stays free meanwhile: other requests and ``/health`` are served
+        while a long prompt is tokenized.
+
+        Raises:
+            ValidationError: the prompt or the params are invalid (nothing was queued).
+            EngineDeadError: EngineCore is gone (before or while the prompt was tokenized).
+        """
+        arrival = self._admit(request_id, priority, arrival_time)
+        processed = await self.tokenizer_pool.run(
+            self.input_processor.process, request_id, prompt, params, priority=priority,
+            arrival_time=arrival)
+        return self._enqueue(processed, arrival)
+
+    def _admit(self, request_id: str, priority: int, arrival_time: float | None) -> float:
+        """Checks made before tokenizing; returns the arrival time."""
         self._check_alive()
-        if request_id in self._streams:
-            raise ValidationError(f"request id {request_id!r} is already in flight",
-                                  param="request_id")
+        self._check_new_id(request_id)
         if priority != 0 and self.config.scheduling_policy == "fcfs":
             raise ValidationError(f"priority {priority} has no effect under the fcfs "
                                   f"scheduling policy; start the engine with "
                                   f"--scheduling-policy priority", param="priority")
-        arrival = time.time() if arrival_time is None else arrival_time
-        processed = self.input_processor.process(request_id, prompt, params, priority=priority,
-                                                 arrival_time=arrival)
+        return time.time() if arrival_time is None else arrival_time
+
+    def _check_new_id(self, request_id: str) -> None:
+        if request_id in self._streams:
+            raise ValidationError(f"request id {request_id!r} is already in flight",
+                                  param="request_id")
+
+    def _enqueue(self, processed: ProcessedRequest, arrival: float) -> RequestStream:
+        # Checked again: the engine may have died, or the id been taken, while tokenizing.
+        self._check_alive()
+        request_id = processed.request_id
+        self._check_new_id(request_id)
         output = self.output_processor.add_request(processed)
         stream = RequestStream(output, on_close=self.abort)
         self._streams[request_id] = stream
@@ -242,7 +311,7 @@ class AsyncLLM:
             ValidationError: before any output, when the request is invalid.
             EngineDeadError: EngineCore died (before or during the request).
         """
-        stream = self.add_request(request_id, prompt, params, priority=priority)
+        stream = await self.add_request_async(request_id, prompt, params, priority=priority)
         try:
             async for output in stream:
                 yield output
@@ -324,10 +393,12 @@ class AsyncLLM:
             error = EngineDeadError(f"the front end's output handler failed: "
                                     f"{type(exc).__name__}: {exc}")
             error.__cause__ = exc
-        if not self._shutting_down:
-            logger.error("engine is dead: %s", error)
         self._dead = error
         self._fail_all(error)
+        if not self._shutting_down:
+            logger.error("engine is dead: %s", error)
+            self.stat_loggers.mark_engine_dead(error)  # no stale figures in metrics and logs
+            self._died.set()
 
     def _process_step(self, step: StepOutputs) -> None:
         now = step.timestamp or time.time()

@@ -13,6 +13,12 @@ Prometheus logger, ``engine.stat_loggers`` plugins), under ``AsyncLLM`` and ``LL
 alike, and calls every logger's ``shutdown()`` once when the engine stops.
 :func:`make_stat_loggers` builds the set both front ends use.
 
+When EngineCore dies (:meth:`StatLoggerSet.mark_engine_dead`) every logger gets one last,
+empty ``SchedulerStats`` (no request runs or waits, no KV block is held: gauges read 0,
+not the figures of the step before the death), so the built-in throughput line stops (the
+engine is no longer busy), and each periodic ``log()`` starts with a line that says the
+engine is dead, and why.
+
 A logger that raises never fails a request or stops the engine (the run-time fault policy
 of docs/plugins/stat-loggers.md):
 
@@ -123,6 +129,8 @@ class StatLoggerSet:
         #: (name, method) -> (exception type, message) of the error last logged for it.
         self._last_logged: dict[tuple[str, str], tuple[str, str]] = {}
         self._shut_down = False
+        #: (time.monotonic() of the death, why) once EngineCore died.
+        self._death: tuple[float, str] | None = None
 
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
@@ -130,8 +138,18 @@ class StatLoggerSet:
         self._call_each("record", scheduler_stats, iteration_stats)
 
     def log(self) -> None:
-        """Ask every logger for its periodic summary."""
+        """Ask every logger for its periodic summary; once the engine died, say so first."""
+        if self._death is not None:
+            since, reason = self._death
+            logger.error("Engine is dead (for %.0f s): %s. No request is served; restart "
+                         "the server", time.monotonic() - since, reason)
         self._call_each("log")
+
+    def mark_engine_dead(self, error: BaseException) -> None:
+        """EngineCore died: an empty snapshot to every logger, and :meth:`log` says so."""
+        if self._death is None:
+            self._death = (time.monotonic(), str(error))
+            self.record(SchedulerStats(), None)
 
     def log_engine_initialized(self) -> None:
         """Tell every logger the engine is ready."""
@@ -184,18 +202,23 @@ class StatLoggerSet:
 
 
 def stat_logger_context(setup: EngineSetup, info: EngineInfo, name: str,
-                        options: PluginOptions | None = None) -> StatLoggerContext:
-    """The context of stat logger ``name`` of the engine ``info`` describes."""
+                        options: PluginOptions | None = None, *,
+                        model_name: str | None = None) -> StatLoggerContext:
+    """The context of stat logger ``name`` of the engine ``info`` describes.
+
+    ``model_name`` is ``ctx.model``: the served model name (default: the display name).
+    """
     return StatLoggerContext(
         plugin_name=name, options=options or PluginOptions(), process="frontend",
-        model=setup.source.display_name, max_model_len=info.max_model_len,
+        model=model_name or setup.source.display_name, max_model_len=info.max_model_len,
         num_kv_blocks=info.num_kv_blocks, block_size=info.block_size)
 
 
 def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
                       plugin_classes: Mapping[str, type[StatLogger]],
                       factories: Mapping[str, StatLoggerFactory] | None = None,
-                      log_stats: bool = False) -> StatLoggerSet:
+                      log_stats: bool = False,
+                      model_name: str | None = None) -> StatLoggerSet:
     """Every stat logger of one engine, built once EngineCore is up.
 
     Args:
@@ -205,6 +228,8 @@ def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
             started (``setup.catalog.load_group(STAT_LOGGERS)``).
         factories: More loggers by name (the server's Prometheus logger).
         log_stats: Add the built-in :class:`LoggingStatLogger` as ``logging``.
+        model_name: Every logger's ``ctx.model``: the served model name (default: the
+            model's display name).
 
     Raises:
         PluginError: a plugin's options are invalid or its constructor raised, naming it.
@@ -212,14 +237,15 @@ def make_stat_loggers(setup: EngineSetup, info: EngineInfo, *,
     loggers: list[tuple[str, StatLogger]] = []
     entries = {name: setup.catalog.resolve(STAT_LOGGERS, name) for name in plugin_classes}
     if log_stats:
-        loggers.append(("logging", LoggingStatLogger(stat_logger_context(setup, info,
-                                                                         "logging"))))
+        loggers.append(("logging", LoggingStatLogger(stat_logger_context(
+            setup, info, "logging", model_name=model_name))))
     for name, factory in (factories or {}).items():
-        loggers.append((name, factory(stat_logger_context(setup, info, name))))
+        loggers.append((name, factory(stat_logger_context(setup, info, name,
+                                                          model_name=model_name))))
     for name, cls in plugin_classes.items():
         def make(options: PluginOptions, name: str = name, cls: type[StatLogger] = cls,
                  ) -> StatLogger:
-            return cls(stat_logger_context(setup, info, name, options))
+            return cls(stat_logger_context(setup, info, name, options, model_name=model_name))
 
         loggers.append((name, construct_plugin(setup, STAT_LOGGERS, name, cls, make)))
     return StatLoggerSet(loggers, entries)

@@ -46,6 +46,7 @@ class FrontEndParts:
             eos_token_id=eos_token_id_of(tokenizer, setup.hf_config),
             input_processor=InputProcessor(
                 tokenizer, max_model_len=setup.max_model_len, vocab_size=setup.vocab_size,
-                logits_processors=logits_processor_classes(setup)),
+                logits_processors=logits_processor_classes(setup),
+                max_logprobs=config.max_logprobs),
             output_processor=OutputProcessor(tokenizer),
         )

@@ -1,7 +1,10 @@
 """Validate and tokenize a request, and split ``n > 1`` into one engine request per choice.
 
 Every check here happens before EngineCore sees the request, and every failure is a
-``ValidationError`` naming the field (HTTP 400 in the server).
+``ValidationError`` naming the field (HTTP 400 in the server): the model's limits (context
+length, vocabulary), what the wire can carry (:mod:`engine.core.frontend.wire_limits`),
+and the logits processors' parameters (:mod:`engine.core.frontend.extra_args`: each
+processor's ``validate_params``, and no ``extra_args`` key that none of them takes).
 """
 
 from __future__ import annotations
@@ -11,6 +14,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
+from engine.core.frontend.extra_args import ExtraArgsChecker
+from engine.core.frontend.wire_limits import check_int32, check_text, check_wire_limits
 from engine.core.tokenizer.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
 from engine.sdk.logits_processor import LogitsProcessor
@@ -41,15 +46,20 @@ class InputProcessor:
     """Tokenizes and validates prompts against the model's limits and the plugins."""
 
     def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, vocab_size: int,
-                 logits_processors: Mapping[str, type[LogitsProcessor]]) -> None:
+                 logits_processors: Mapping[str, type[LogitsProcessor]],
+                 max_logprobs: int = 20) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
+        #: ``--max-logprobs``: most logprobs per token a request may ask for (-1: vocab).
+        self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
         self.logits_processors = dict(logits_processors)
+        self.extra_args = ExtraArgsChecker(self.logits_processors)
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, tuple[int, ...]]:
         """``(text or None, token ids)`` of a prompt in any accepted form."""
         if isinstance(prompt, str):
+            check_text(prompt, "prompt")
             return prompt, tuple(self.tokenizer.encode(prompt))
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
@@ -101,8 +111,14 @@ class InputProcessor:
                                       f"{self.vocab_size} tokens",
                                       param="logit_bias" if token in (params.logit_bias or {})
                                       else "stop_token_ids")
-        for processor in self.logits_processors.values():
-            processor.validate_params(params)
+        check_wire_limits(params)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.max_logprobs:
+                raise ValidationError(
+                    f"{name} must be in [0, {self.max_logprobs}] (the most logprobs per token "
+                    f"this engine returns, --max-logprobs), got {asked}", param=name)
+        self.extra_args.check(params)
         return params
 
     def process(
@@ -110,6 +126,7 @@ class InputProcessor:
         arrival_time: float | None = None, priority: int = 0,
     ) -> ProcessedRequest:
         """Validate and tokenize; one ``EngineRequest`` per choice (seeds ``seed + i``)."""
+        check_int32(priority, "priority", low=-(2**31))
         text, ids = self.tokenize(prompt)
         params = self.validate_params(params, len(ids))
         arrival = time.time() if arrival_time is None else arrival_time

@@ -6,6 +6,15 @@ from engine.core.model_loader.default_model import (
     DefaultModelNotFoundError,
     default_model_path,
 )
+from engine.core.model_loader.dummy import (
+    DummyWeights,
+    initialize_dummy_weights,
+    load_weights_into,
+)
+from engine.core.model_loader.generation_config import (
+    GenerationDefaults,
+    load_generation_defaults,
+)
 from engine.core.model_loader.gguf_loader import (
     GGUFTokenizerMetadata,
     dequantize_tensor,
@@ -28,6 +37,7 @@ from engine.core.model_loader.loader import (
     iter_weights,
     load_config,
     resolve_model,
+    resolve_tokenizer,
 )
 
 __all__ = [
@@ -35,8 +45,16 @@ __all__ = [
     "ModelKind",
     "ModelSource",
     "resolve_model",
+    "resolve_tokenizer",
     "load_config",
     "iter_weights",
+    # --load-format dummy
+    "DummyWeights",
+    "initialize_dummy_weights",
+    "load_weights_into",
+    # --generation-config
+    "GenerationDefaults",
+    "load_generation_defaults",
     # default model
     "DEFAULT_MODEL_REQUIREMENT",
     "INSTALL_COMMAND",

@@ -1,9 +1,17 @@
-"""The per-launch secret check every private gRPC server runs over TCP."""
+"""The per-launch secret check every private gRPC server runs over TCP.
+
+The check runs on the call's metadata, which arrives before its message. A call that fails
+it is answered by a handler that takes the request as a stream and never reads it, so an
+unauthenticated peer cannot make the server hold its message (up to the 512 MiB cap of
+``channel.MAX_MESSAGE_BYTES``): a unary handler would read and buffer the whole message
+before it could refuse. What the peer sent stays in the transport, bounded by HTTP/2 flow
+control (a stream's window), and is dropped when the call ends.
+"""
 
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import grpc
@@ -24,9 +32,12 @@ class SecretInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
         self._secret = secret.encode()
         message = f"missing or wrong {SECRET_METADATA_KEY} metadata: {refusal}"
 
-        def deny(request: Any, context: grpc.ServicerContext) -> Any:
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)
-        self._deny = deny
+        def deny(request_iterator: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            context.abort(grpc.StatusCode.UNAUTHENTICATED, message)  # reads no message
+        # Request-streaming whatever the method's shape (on the wire a unary request is a
+        # stream of one message): the handler is called before any message is read.
+        self._deny_unary_response = grpc.stream_unary_rpc_method_handler(deny)
+        self._deny_stream_response = grpc.stream_stream_rpc_method_handler(deny)
 
     def intercept_service(self, continuation: Callable[[Any], Any],
                           handler_call_details: Any) -> Any:
@@ -35,11 +46,6 @@ class SecretInterceptor(grpc.ServerInterceptor):  # type: ignore[misc]
                       if key == SECRET_METADATA_KEY), "")
         if handler is None or hmac.compare_digest(str(given).encode(), self._secret):
             return handler
-        # Answer with a handler of the same shape, so a stream is refused at once.
-        if handler.request_streaming and handler.response_streaming:
-            return grpc.stream_stream_rpc_method_handler(self._deny)
-        if handler.request_streaming:
-            return grpc.stream_unary_rpc_method_handler(self._deny)
         if handler.response_streaming:
-            return grpc.unary_stream_rpc_method_handler(self._deny)
-        return grpc.unary_unary_rpc_method_handler(self._deny)
+            return self._deny_stream_response
+        return self._deny_unary_response

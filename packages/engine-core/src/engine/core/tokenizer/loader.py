@@ -68,6 +68,7 @@ def load_tokenizer(source: ModelSource, chat_template: str | None = None) -> Tok
     Raises:
         UnsupportedError: The directory's tokenizer is not a fast tokenizer.
     """
+    source = source.tokenizer_source  # --tokenizer, if given
     if source.kind == "gguf":
         hf = PreTrainedTokenizerFast.from_pretrained(
             str(source.path), gguf_file=source.gguf_file, local_files_only=True

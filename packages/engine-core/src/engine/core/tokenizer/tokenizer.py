@@ -165,7 +165,8 @@ class Tokenizer:
 
         Raises:
             ValidationError: There is no chat template, or the template rejected the
-                messages (its ``raise_exception`` message is passed on).
+                messages (its ``raise_exception`` message is passed on) or a value it was
+                given (a ``TypeError`` or ``ValueError`` while rendering).
         """
         if self._chat_template is None:
             raise ValidationError(
@@ -183,4 +184,7 @@ class Tokenizer:
             )
         except jinja2.TemplateError as err:
             raise ValidationError(f"chat template error: {err}", param="messages") from err
+        except (TypeError, ValueError) as err:  # the template met a value it cannot use
+            raise ValidationError(f"chat template error: {type(err).__name__}: {err}",
+                                  param="messages") from err
         return str(text)

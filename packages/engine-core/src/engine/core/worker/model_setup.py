@@ -20,6 +20,7 @@ from engine.core.config import plugin_options_for
 from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
+from engine.core.model_loader.dummy import load_weights_into
 from engine.core.plugin_faults import guard_forward
 from engine.core.plugins import PluginCatalog
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
@@ -192,5 +193,5 @@ def build_model(
             layers=factory,
             options=_validated_options(catalog, MODELS, arch, model_cls, options),
         ))
-    model.load_weights(weights)  # type: ignore[operator]
+    load_weights_into(model, weights)  # random ones for --load-format dummy
     return BuiltModel(model.eval(), factory, backend)

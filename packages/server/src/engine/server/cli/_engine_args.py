@@ -1,8 +1,10 @@
 """Command-line flags for every ``EngineConfig`` field, generated from the model.
 
 ``max_num_seqs`` becomes ``--max-num-seqs``; booleans get ``--x/--no-x``; the field's
-description is the help text; values are validated by ``EngineConfig`` itself, so a bad
-value reports what is allowed.
+description is the help text (with its default, once); values are validated by
+``EngineConfig`` itself, so a bad value reports what is allowed: one line per bad flag,
+e.g. ``--load-format 'pt': ...`` (choices too: vLLM spellings such as ``--dtype half``
+are accepted there, and refused ones say why).
 """
 
 from __future__ import annotations
@@ -13,11 +15,16 @@ import types
 import typing
 from typing import Any, Literal, get_args, get_origin
 
+import pydantic
+
 from engine.core.config import EngineConfig
 from engine.sdk.errors import ValidationError
+from engine.server.cli._help import with_default
 
 #: Fields with a hand-written flag (or none): the model is positional for serve/generate.
 _SPECIAL = {"plugin_options", "logits_processors", "worker_extensions", "kv_connector_options"}
+#: vLLM's short spellings.
+_SHORT = {"tensor_parallel_size": "-tp"}
 
 
 def _base_type(annotation: Any) -> Any:
@@ -40,18 +47,21 @@ def add_engine_args(
         if name in _SPECIAL or name in skip:
             continue
         flag = "--" + name.replace("_", "-")
+        flags = (flag, _SHORT[name]) if name in _SHORT else (flag,)
         kind = _base_type(field.annotation)
-        help_text = f"{field.description} (default: {field.default})"
+        help_text = with_default(field.description or "", field.get_default(
+            call_default_factory=True))
         if kind is bool:
-            group.add_argument(flag, action=argparse.BooleanOptionalAction, default=None,
+            group.add_argument(*flags, action=argparse.BooleanOptionalAction, default=None,
                                help=help_text)
         elif get_origin(kind) is tuple:
-            group.add_argument(flag, type=_comma_list, default=None, help=help_text)
-        elif get_origin(kind) is Literal:
-            group.add_argument(flag, choices=list(get_args(kind)), default=None, help=help_text)
+            group.add_argument(*flags, type=_comma_list, default=None, help=help_text)
+        elif get_origin(kind) is Literal:  # EngineConfig checks it (aliases, reasons)
+            metavar = "{" + ",".join(get_args(kind)) + "}"
+            group.add_argument(*flags, default=None, metavar=metavar, help=help_text)
         else:
-            group.add_argument(flag, type=kind if kind in (int, float) else str, default=None,
-                               help=help_text)
+            group.add_argument(*flags, type=kind if kind in (int, float) else str,
+                               default=None, help=help_text)
     group.add_argument(
         "--logits-processor", dest="logits_processors", action="append", default=None,
         metavar="MODULE:CLASS", help="an extra logits processor (repeatable)")
@@ -113,8 +123,30 @@ def parse_key_values(items: list[str] | None, flag: str) -> dict[str, Any]:
     return options
 
 
+def _flag_errors(exc: pydantic.ValidationError, values: dict[str, Any]) -> ValidationError:
+    """One line per bad flag: ``--flag 'value': what is wrong and what is allowed``."""
+    lines = []
+    for error in exc.errors():
+        field = str(error["loc"][0]) if error["loc"] else ""
+        message = str(error["msg"]).removeprefix("Value error, ")
+        flag = "--" + field.replace("_", "-")
+        if field in values and message.startswith(f"{field} {values[field]!r}"):
+            lines.append(flag + message[len(field):])  # "--load-format 'pt' would read ..."
+        elif field in values:
+            lines.append(f"{flag} {values[field]!r}: {message}")
+        else:
+            lines.append(message)
+    first = str(exc.errors()[0]["loc"][0]) if exc.errors() and exc.errors()[0]["loc"] else None
+    return ValidationError("\n".join(lines), param=first)
+
+
 def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineConfig:
-    """Build the config from parsed flags; unset flags keep the model's defaults."""
+    """Build the config from parsed flags; unset flags keep the model's defaults.
+
+    Raises:
+        ValidationError: a flag's value is invalid (one line per bad flag, saying what is
+            allowed).
+    """
     values: dict[str, Any] = {}
     for name in EngineConfig.model_fields:
         value = getattr(args, name, None)
@@ -128,4 +160,7 @@ def engine_config_from_args(args: argparse.Namespace, **fixed: Any) -> EngineCon
         name for item in getattr(args, "worker_extensions", None) or ()
         for name in _comma_list(item))
     values.update(fixed)
-    return EngineConfig(**values)
+    try:
+        return EngineConfig(**values)
+    except pydantic.ValidationError as exc:
+        raise _flag_errors(exc, values) from None

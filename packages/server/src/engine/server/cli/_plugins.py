@@ -24,6 +24,8 @@ from engine.sdk._version import SDK_MAJOR
 from engine.sdk._version import __version__ as SDK_VERSION
 from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import CUSTOM_OPS, GROUPS
+from engine.server.cli._help import HelpFormatter
+from engine.server.cli._logging_args import add_log_level
 
 if TYPE_CHECKING:
     from engine.core.custom_op_selection import CustomOpChoice
@@ -35,23 +37,26 @@ def add_parser(commands: Any) -> None:
     common.add_argument(
         "--plugins", default=None, metavar="ALLOWLIST",
         help="allowlist overriding ENGINE_PLUGINS: 'none', or comma-separated distribution "
-             "names and group:name entries",
+             "names and group:name entries (default: $ENGINE_PLUGINS, else every plugin)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
-    parser = commands.add_parser("plugins", help="inspect installed plugins")
+    add_log_level(common, default_text="WARNING")
+    parser = commands.add_parser("plugins", help="inspect installed plugins",
+                                 formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="plugins_command", metavar="SUBCOMMAND")
     sub.required = True
     lister = sub.add_parser(
-        "list", parents=[common], help="list every plugin entry point and whether it is allowed"
+        "list", parents=[common], help="list every plugin entry point and whether it is allowed",
+        formatter_class=HelpFormatter,
     )
     lister.add_argument(
         "--custom-ops", default="", metavar="ITEMS",
         help="show the custom-op implementations these items select (as for engine serve: "
              "all, none, +NAME, -NAME, comma-separated; write --custom-ops=-NAME for a "
-             "leading minus)")
+             "leading minus; default: every installed replacement)")
     lister.set_defaults(handler=run_list)
     checker = sub.add_parser(
-        "check", parents=[common],
+        "check", parents=[common], formatter_class=HelpFormatter,
         help="import and validate plugins without starting an engine: contract, options, the "
              "SDK each was built for, deprecated SDK features it uses (exit 1 on any failure)",
     )
