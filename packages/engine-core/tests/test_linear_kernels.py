@@ -21,19 +21,23 @@ def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
 
 @pytest.mark.parametrize("rows", [1, 7, 64])  # one decode token, a few, a batch
 @pytest.mark.parametrize("kernel_cls", [TorchLinearKernel, OneDNNLinearKernel])
-def test_kernels_equal_f_linear(kernel_cls, rows: int) -> None:
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_kernels_equal_f_linear(kernel_cls, rows: int, dtype: torch.dtype) -> None:
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(80, 48), requires_grad=False)
-    kernel = kernel_cls(config())
+    layer.weight = torch.nn.Parameter(torch.randn(80, 48, dtype=dtype), requires_grad=False)
+    kernel = kernel_cls(config(str(dtype).removeprefix("torch.")))
     kernel.process_weights_after_loading(layer)
-    x, bias = torch.randn(rows, 48), torch.randn(80)
-    torch.testing.assert_close(kernel.apply(layer, x, bias),
-                               torch.nn.functional.linear(x, layer.weight, bias))
+    x, bias = torch.randn(rows, 48, dtype=dtype), torch.randn(80, dtype=dtype)
+    # 3-D input (batch, tokens, features) and a non-contiguous one give the same rows.
+    for given in (x, x.view(1, rows, 48), torch.randn(48, rows, dtype=dtype).t()):
+        torch.testing.assert_close(kernel.apply(layer, given, bias),
+                                   torch.nn.functional.linear(given, layer.weight, bias))
 
 
-def test_onednn_claims_float32_only() -> None:
+def test_onednn_claims_float32_and_bfloat16_only() -> None:
     assert OneDNNLinearKernel.can_implement(config()).ok
-    assert "bfloat16" in OneDNNLinearKernel.can_implement(config("bfloat16")).reason
+    assert OneDNNLinearKernel.can_implement(config("bfloat16")).ok
+    assert "float16" in OneDNNLinearKernel.can_implement(config("float16")).reason
 
 
 def kernels_of(llm: LLM) -> set[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 from pathlib import Path
@@ -20,4 +21,4 @@ def test_async_llm_example_runs_as_written(tmp_path: Path) -> None:
     lines = [line for line in done.stdout.splitlines() if line.strip()]
     assert lines, "the example printed nothing"
     # Cumulative text: every line extends the one before it.
-    assert all(b.startswith(a) for a, b in zip(lines, lines[1:], strict=False)), lines
+    assert all(b.startswith(a) for a, b in itertools.pairwise(lines)), lines

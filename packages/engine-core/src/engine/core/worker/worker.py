@@ -32,6 +32,7 @@ from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_
 from engine.core.worker.kv_connector import WorkerKVConnector
 from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
+from engine.core.worker.onednn_caches import bound_onednn_caches
 from engine.sdk.attention import AttentionContext
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessor, LogitsProcessorContext
@@ -70,6 +71,8 @@ class Worker:
         self.tp, self._owns_group = init_tensor_parallel(
             backend=setup.platform.dist_backend, init_method=distributed_init_method,
             rank=rank, world_size=world_size)
+        if self.device.type == "cpu":  # before the first oneDNN primitive (weight reorders)
+            bound_onednn_caches()
         cores = len(os.sched_getaffinity(0))
         torch.set_num_threads(config.num_threads or max(1, cores // world_size))
         torch.manual_seed(config.seed)
