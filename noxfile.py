@@ -16,7 +16,10 @@ import nox
 
 ROOT = Path(__file__).parent
 PACKAGES = ["plugin-sdk", "engine-core", "engine-kernels", "server", "testing-fixtures"]
-EDITABLE = [arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}")]
+# engine-kernels with triton (its [cuda] extra): its tests run the kernels in Triton's
+# interpreter, though a CPU install of engine-server never gets triton.
+EXTRAS = {"engine-kernels": "[cuda]"}
+EDITABLE = [arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}{EXTRAS.get(pkg, '')}")]
 TORCH = "torch>=2.6,<2.14"
 # The API snapshots in packages/plugin-sdk/api/ are read with this griffe (see scripts/sdkapi).
 GRIFFE = "griffe==2.4.1"
@@ -87,7 +90,7 @@ def typecheck(session: nox.Session) -> None:
     _install(session, "mypy", GRIFFE, *EDITABLE)
     session.run(_python(session), "-m", "mypy", "packages/plugin-sdk/src/engine/sdk",
                 "packages/engine-core/src/engine/core", "packages/server/src/engine/server",
-                "scripts/sdkapi", external=True)
+                "packages/engine-kernels/src/engine/kernels", "scripts/sdkapi", external=True)
 
 
 # The grpcio-tools release the committed code in engine.core.rpc._gen comes from (its version

@@ -8,10 +8,12 @@ PY=${PYTHON:-python3}
 .venv/bin/python -m pip install --quiet --upgrade pip
 # torch first, pinned to the range the packages accept (a bare `torch` pulls a CUDA build).
 .venv/bin/python -m pip install --quiet "torch>=2.6,<2.14"
+# engine-kernels[cuda] brings triton, which a CPU install of engine-server does not get:
+# here the kernels' tests run on the CPU through Triton's interpreter.
 .venv/bin/python -m pip install --quiet \
   -e packages/plugin-sdk \
   -e "packages/engine-core[ray]" \
-  -e packages/engine-kernels \
+  -e "packages/engine-kernels[cuda]" \
   -e packages/server \
   -e "packages/testing-fixtures[test]" \
   nox ruff mypy "griffe==2.4.1" "grpcio-tools==1.85.1"

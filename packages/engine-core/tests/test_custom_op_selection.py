@@ -192,11 +192,12 @@ def test_the_operator_and_the_platform_choose_in_the_engine(
         tiny_llama: Path, installed_replacement: None,
         platform_disables_rms_norm: list[PlatformConfig]) -> None:
     CALLS.clear()
-    reference, norm, setup = _run(tiny_llama)  # the platform's -rms_norm applies
+    # plugins=DIST: only ours (engine-kernels' rms_norm would be a second replacement).
+    reference, norm, setup = _run(tiny_llama, plugins=DIST)  # the platform's -rms_norm applies
     assert norm == "RMSNormOp" and CALLS["rms_norm"] == 0
     assert setup.enforce_eager is True and setup.custom_ops.platform == ("-rms_norm",)
     assert platform_disables_rms_norm[-1].custom_ops == []  # the engine filled in ours
-    tokens, norm, setup = _run(tiny_llama, custom_ops=("+rms_norm",))  # ours wins
+    tokens, norm, setup = _run(tiny_llama, plugins=DIST, custom_ops=("+rms_norm",))  # ours wins
     assert norm == "CountingRMSNorm" and CALLS["rms_norm"] > 0
     assert tokens == reference  # the replacement computes the reference
     assert platform_disables_rms_norm[-1].custom_ops == ["+rms_norm"]  # filled in for it

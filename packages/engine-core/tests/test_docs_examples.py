@@ -42,7 +42,9 @@ _TESTS = "packages/engine-core/tests/"
 #: that runs it.
 RUN_BY: dict[str, dict[str, str]] = {
     "attention-backends.md": {
-        "from __future__ import annotations": _TESTS + "test_docs_kernels.py"},
+        "from __future__ import annotations": _TESTS + "test_docs_kernels.py",
+        "from engine.testing.contracts import DEFAULT_ATTENTION_CASES, check_attention_backend":
+            _TESTS + "test_attention_contract.py"},
     "custom-ops.md": {
         "from __future__ import annotations": _TESTS + "test_docs_seams.py",
         "import torch": _TESTS + "test_docs_seams.py",

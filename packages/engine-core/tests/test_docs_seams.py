@@ -100,10 +100,13 @@ def test_custom_ops_replacement_and_its_reference_check() -> None:
 
 
 def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
-        install: Callable[[str, str, type], None], tiny_llm: Any) -> None:
+        install: Callable[[str, str, type], None], tiny_llm: Any,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     namespace = exec_block(block("custom-ops.md", "from __future__ import annotations"))
     fused = namespace["FusedRMSNorm"]
     install(CUSTOM_OPS, "rms_norm", fused)
+    # Only the page's distribution: engine-kernels' rms_norm would be a second one.
+    monkeypatch.setenv("ENGINE_PLUGINS", "acme-docs")
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     results = {}
     for items in ((), ("-rms_norm",)):

@@ -8,21 +8,30 @@ from pathlib import Path
 from engine.testing.test_plugins import run_engine_cli
 
 
-def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
-    result = run_engine_cli(["plugins", "list"], test_plugins_dir)
-    assert result.returncode == 0, result.stderr
-    lines = result.stdout.splitlines()
+def _op_lines(stdout: str) -> list[str]:
+    lines = stdout.splitlines()
     start = lines.index("custom ops  (built in: worker; at start-up the platform's custom_ops "
                         "apply first, then --custom-ops, which wins)")
     assert [line.split()[0] for line in lines[start + 1:]] == [
         "rms_norm", "rotary_embedding", "silu_and_mul"]
+    return lines[start + 1:]
+
+
+def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
+    result = run_engine_cli(["plugins", "list"], test_plugins_dir)
+    assert result.returncode == 0, result.stderr
+    # engine-kernels (installed with engine-server) replaces all three.
+    assert all("engine.kernels.ops:Triton" in line and "(engine-kernels 0.1.0)" in line
+               and "[default: an allowed replacement is used]" in line
+               for line in _op_lines(result.stdout))
+    none = run_engine_cli(["plugins", "list"], test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
     assert all("built-in engine.sdk.ops:" in line and "[no replacement is installed]" in line
-               for line in lines[start + 1:])
+               for line in _op_lines(none.stdout))
 
 
 def test_bad_custom_ops_items_fail_listing_the_ops(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "list", "--json", "--custom-ops", "+rms_norm"],
-                            test_plugins_dir)
+                            test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
     assert result.returncode == 2
     assert "no allowed engine.custom_ops entry replaces 'rms_norm'" in result.stderr
     result = run_engine_cli(["plugins", "list", "--custom-ops=-rms"], test_plugins_dir)

@@ -1,4 +1,4 @@
-"""The built-in platforms: CPU (always available) and CUDA (when torch sees a GPU)."""
+"""The built-in platforms: CPU (always available) and CUDA (``cuda.py``, when torch sees a GPU)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import os
 import platform as host
 from typing import ClassVar
 
-import torch
-
+from engine.core.platforms.cuda import CudaPlatform, detect_cuda
 from engine.sdk.attention import AttentionSpec
 from engine.sdk.platform import Platform
 from engine.sdk.support import Support
@@ -55,50 +54,9 @@ class CpuPlatform(Platform):
         return "torch"
 
 
-class CudaPlatform(Platform):
-    """NVIDIA GPUs through torch.cuda; NCCL between ranks."""
-
-    name: ClassVar[str] = "cuda"
-    device_type: ClassVar[str] = "cuda"
-    dist_backend: ClassVar[str] = "nccl"
-
-    @classmethod
-    def is_available(cls) -> Support:
-        if torch.cuda.is_available():
-            return Support.yes()
-        return Support.no("torch.cuda.is_available() is False (no GPU, or a CPU build of torch)")
-
-    @classmethod
-    def device_count(cls) -> int:
-        return torch.cuda.device_count()
-
-    @classmethod
-    def get_device_name(cls, index: int = 0) -> str:
-        return torch.cuda.get_device_name(index)
-
-    @classmethod
-    def get_device_capability(cls, index: int = 0) -> tuple[int, int] | None:
-        major, minor = torch.cuda.get_device_capability(index)
-        return (major, minor)
-
-    @classmethod
-    def get_device_total_memory(cls, index: int = 0) -> int:
-        return int(torch.cuda.get_device_properties(index).total_memory)
-
-    @classmethod
-    def supported_dtypes(cls) -> tuple[str, ...]:
-        return ("bfloat16", "float16", "float32")
-
-    @classmethod
-    def default_attention_backend(cls, spec: AttentionSpec) -> str:
-        return "torch"
-
-
 def detect_cpu() -> type[Platform]:
     """Entry point: the CPU is always there."""
     return CpuPlatform
 
 
-def detect_cuda() -> type[Platform] | None:
-    """Entry point: CUDA when torch sees a GPU."""
-    return CudaPlatform if torch.cuda.is_available() else None
+__all__ = ["CpuPlatform", "CudaPlatform", "cpu_supports_bf16", "detect_cpu", "detect_cuda"]

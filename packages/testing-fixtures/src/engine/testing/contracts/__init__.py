@@ -3,6 +3,7 @@
 .. versionadded:: 1.0
 """
 
+from engine.testing.contracts._attention_sim import AttentionSim
 from engine.testing.contracts._batch_sim import (
     BatchSimConfig,
     BatchSimulator,
@@ -21,6 +22,12 @@ from engine.testing.contracts._scheduler_sim import (
     fake_next_token,
     reference_tokens,
 )
+from engine.testing.contracts.attention_backends import (
+    DEFAULT_ATTENTION_CASES,
+    AttentionBackendReport,
+    AttentionCase,
+    check_attention_backend,
+)
 from engine.testing.contracts.kv_connectors import (
     KVConnectorReport,
     check_kv_connector,
@@ -37,7 +44,11 @@ from engine.testing.contracts.schedulers import (
 )
 
 __all__ = [
+    "DEFAULT_ATTENTION_CASES",
     "FAKE_VOCAB_SIZE",
+    "AttentionBackendReport",
+    "AttentionCase",
+    "AttentionSim",
     "BatchSimConfig",
     "BatchSimulator",
     "ConformanceReport",
@@ -52,6 +63,7 @@ __all__ = [
     "SchedulerReport",
     "SimRequest",
     "SimStats",
+    "check_attention_backend",
     "check_kv_connector",
     "check_logits_processor",
     "check_scheduler",
