@@ -139,8 +139,7 @@ async def serve(config: EngineConfig, server_args: ServerArgs, listen: ListenArg
         The exit status: 0 after a shutdown by signal, 1 if the server did not start or
         EngineCore died.
     """
-    names = server_args.served_model_names
-    engine = AsyncLLM(config, client=client, served_model_name=names[0] if names else None)
+    engine = AsyncLLM(config, client=client)  # build_app gives it the served model name
     app = build_app(engine, server_args)
     watcher: asyncio.Task[None] | None = None
     try:

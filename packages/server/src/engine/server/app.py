@@ -52,8 +52,8 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
     state = ServerState(engine=engine, args=args,
                         model_names=args.served_model_names or (engine.model_name,),
                         metrics=registry, io_processor=load_io_processor(engine.setup))
-    if engine.info is None and args.served_model_names:  # metrics label the served name
-        engine.served_model_name = args.served_model_names[0]
+    if engine.info is None:  # before start(): the stat loggers label the served name
+        engine.served_model_name = state.model_name
     engine.add_stat_logger("prometheus",
                            lambda ctx: metrics.PrometheusStatLogger(ctx, registry))
     loaded: list[LoadedEndpoint] = []

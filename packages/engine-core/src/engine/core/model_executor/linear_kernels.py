@@ -90,9 +90,7 @@ class OneDNNLinearKernel(LinearKernel):
     ) -> torch.Tensor:
         if self.packed is None:
             raise RuntimeError("onednn linear kernel used before process_weights_after_loading")
-        flat = x.reshape(-1, x.shape[-1])
-        if not flat.is_contiguous():
-            flat = flat.contiguous()
+        flat = x.reshape(-1, x.shape[-1]).contiguous()
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none",
                                                                [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
