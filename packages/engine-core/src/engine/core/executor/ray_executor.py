@@ -15,9 +15,11 @@ node. A monitor thread pings every actor; an actor that dies is reported at once
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -104,6 +106,17 @@ class RayWorker:
 RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
 
+def _forget_killed_processes() -> None:
+    """Collect the ``Popen`` objects of the processes a failed ``ray.init`` started.
+
+    ``ray.shutdown`` kills them without waiting, so each object would warn "subprocess N is
+    still running" whenever the garbage collector happened to reach it.
+    """
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)
+        gc.collect()
+
+
 def is_ray_start_timeout(exc: BaseException) -> bool:
     """True when ``ray.init`` failed because Ray's processes started too slowly."""
     return any(text in str(exc) for text in RAY_START_TIMEOUTS)
@@ -178,6 +191,7 @@ class RayExecutor(Executor):
                     logger.warning("the local Ray instance did not start in time (%s); "
                                    "starting it once more", exc)
                     ray.shutdown()
+                    _forget_killed_processes()
 
     def _get(self, rank: int, ref: Any, *, starting: bool = False) -> Any:
         """``ray.get(ref)``, raising a death as soon as it is seen, naming the rank."""
