@@ -142,6 +142,9 @@ class EngineConfig(BaseModel):
     io_processor: str | None = Field(
         None, description="IO processor (engine.io_processors name or module:Class) served "
         "on POST /pooling and LLM.encode")
+    structured_outputs_backend: str = Field(
+        "xgrammar", description="structured-output backend (engine.structured_output_backends "
+        "name or module:Class) serving response_format, structured_outputs and guided_*")
     seed: int = Field(0, description="seed of the engine's global random state")
     num_threads: int | None = Field(
         None, ge=1, description="CPU threads for the model (default: all cores)")
@@ -157,7 +160,8 @@ class EngineConfig(BaseModel):
         "of several plugins with the same name")
 
     @field_validator("scheduler", "scheduling_policy", "attention_backend", "linear_kernel",
-                     "quantization", "kv_connector", "io_processor", mode="before")
+                     "quantization", "kv_connector", "io_processor",
+                     "structured_outputs_backend", mode="before")
     @classmethod
     def _class_to_reference(cls, value: Any) -> Any:
         return plugin_reference(value)
@@ -173,7 +177,8 @@ class EngineConfig(BaseModel):
         """Every plugin this config selects by name, ``module:Class`` or class object."""
         names = [self.scheduler, self.scheduling_policy, self.attention_backend,
                  self.linear_kernel, self.quantization, self.kv_connector, self.io_processor,
-                 *self.logits_processors, *self.worker_extensions]
+                 self.structured_outputs_backend, *self.logits_processors,
+                 *self.worker_extensions]
         return [name for name in names if name is not None]
 
     @field_validator("plugin_options")

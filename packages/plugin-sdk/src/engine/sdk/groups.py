@@ -32,6 +32,10 @@ WORKER_EXTENSIONS = "engine.worker_extensions"
 STAT_LOGGERS = "engine.stat_loggers"
 ENDPOINTS = "engine.endpoints"
 IO_PROCESSORS = "engine.io_processors"
+STRUCTURED_OUTPUT_BACKENDS = "engine.structured_output_backends"
+""".. versionadded:: 1.1"""
+TOOL_PARSERS = "engine.tool_parsers"
+""".. versionadded:: 1.1"""
 
 #: What an entry value must resolve to: a subclass of ``contract`` ("class"), or a callable
 #: ("callable": general plugins and platform detectors; "factory": endpoint factories).
@@ -97,5 +101,11 @@ GROUPS: dict[str, GroupSpec] = {
                   "opt-in: only when named in ENGINE_PLUGINS / --plugins", opt_in=True),
         GroupSpec(IO_PROCESSORS, "class", "engine.sdk.io_processor:IOProcessor", ("frontend",),
                   "--io-processor NAME"),
+        GroupSpec(STRUCTURED_OUTPUT_BACKENDS, "class",
+                  "engine.sdk.structured_output:StructuredOutputBackend",
+                  ("frontend", "engine_core"),
+                  "--structured-outputs-backend NAME (default: xgrammar)"),
+        GroupSpec(TOOL_PARSERS, "class", "engine.sdk.tool_parser:ToolParser", ("frontend",),
+                  "--tool-call-parser NAME (with --enable-auto-tool-choice)"),
     )
 }

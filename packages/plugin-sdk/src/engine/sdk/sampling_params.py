@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sdk.errors import ValidationError
+from engine.sdk.structured_output import StructuredOutputsParams
 
 #: ``temperature`` at or below this value means greedy sampling.
 GREEDY_TEMPERATURE = 1e-5
@@ -67,8 +68,12 @@ class SamplingParams:
         include_stop_str_in_output: Keep the matched stop string in the text.
         extra_args: Free-form parameters for plugins (logits processors read theirs here and
             validate them in ``validate_params``). Values must be JSON-serialisable.
+        structured_outputs: Constrain the output to a JSON schema, a regex, a choice or a
+            grammar (:class:`~engine.sdk.structured_output.StructuredOutputsParams`, or a
+            mapping of its fields); ``None`` leaves the output free.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``structured_outputs``.
     """
 
     n: int = 1
@@ -91,8 +96,12 @@ class SamplingParams:
     skip_special_tokens: bool = True
     include_stop_str_in_output: bool = False
     extra_args: Mapping[str, Any] | None = field(default=None, compare=True)
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.structured_outputs, Mapping):
+            object.__setattr__(self, "structured_outputs",
+                               StructuredOutputsParams.from_dict(self.structured_outputs))
         # Normalise sequences given as lists (or a single stop string) into tuples.
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
@@ -149,6 +158,10 @@ class SamplingParams:
                          f"values must be numbers in [-100, 100], got {bias!r} for token {token}")
         _require(self.extra_args is None or isinstance(self.extra_args, Mapping), "extra_args",
                  f"must be a mapping of string keys to values, got {self.extra_args!r}")
+        _require(self.structured_outputs is None
+                 or isinstance(self.structured_outputs, StructuredOutputsParams),
+                 "structured_outputs", "must be a StructuredOutputsParams or a mapping of its "
+                 f"fields, got {self.structured_outputs!r}")
 
     @property
     def is_greedy(self) -> bool:
@@ -168,6 +181,8 @@ class SamplingParams:
             out["logit_bias"] = {str(k): v for k, v in self.logit_bias.items()}
         if self.extra_args is not None:
             out["extra_args"] = dict(self.extra_args)
+        if self.structured_outputs is not None:
+            out["structured_outputs"] = self.structured_outputs.to_dict()
         return out
 
     @classmethod

@@ -30,6 +30,7 @@ from engine.sdk.context import PluginContext
 from engine.sdk.errors import PluginFailure
 from engine.sdk.plugin import Plugin
 from engine.sdk.sampling_params import SamplingParams
+from engine.sdk.structured_output import GrammarBitmask
 
 if TYPE_CHECKING:
     from engine.sdk.kv_connector import KVConnectorScheduler
@@ -196,8 +197,11 @@ class SchedulerOutput:
         preempted_req_ids: Requests preempted this step; workers drop them (they come back
             later as new requests carrying their output so far).
         kv_connector_metadata: Serialised connector metadata for the workers, if any.
+        grammar_bitmask: The allowed tokens of the step's structured-output requests. A
+            scheduler leaves it ``None``: EngineCore fills it after ``schedule()``.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``grammar_bitmask``.
     """
 
     scheduled_new_reqs: tuple[NewRequestData, ...]
@@ -207,6 +211,7 @@ class SchedulerOutput:
     finished_req_ids: frozenset[str] = frozenset()
     preempted_req_ids: frozenset[str] = frozenset()
     kv_connector_metadata: bytes | None = None
+    grammar_bitmask: GrammarBitmask | None = None
 
     @property
     def is_empty(self) -> bool:

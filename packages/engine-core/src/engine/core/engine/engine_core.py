@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from engine.core.engine.scheduler_factory import make_scheduler
@@ -34,12 +35,17 @@ from engine.core.kv_connectors import (
 )
 from engine.core.messages import EngineInfo
 from engine.core.startup import EngineSetup
+from engine.core.structured_output import StructuredOutputManager
+from engine.core.tokenizer.loader import load_tokenizer
 from engine.sdk.errors import PluginFailure
 from engine.sdk.kv_connector import KVConnectorRole, KVConnectorScheduler
 from engine.sdk.scheduler import EngineCoreOutput, EngineRequest, RequestStatus
 from engine.sdk.stats import SchedulerStats
 
 logger = logging.getLogger("engine.core")
+
+#: How long a step with nothing but grammars being compiled waits for one (seconds).
+GRAMMAR_WAIT_S = 0.005
 
 
 class EngineCore:
@@ -73,6 +79,9 @@ class EngineCore:
                 self.kv_connector = side
             self.scheduler = make_scheduler(setup, self.num_blocks,
                                             kv_connector=self.kv_connector)
+            self.structured_output = StructuredOutputManager(
+                setup, () if eos_token_id is None else (eos_token_id,),
+                lambda: load_tokenizer(setup.source, setup.config.chat_template).hf_tokenizer)
         except BaseException:
             self._shutdown_connector()
             self.executor.shutdown()
@@ -94,41 +103,76 @@ class EngineCore:
         return worker
 
     def add_request(self, request: EngineRequest) -> None:
-        """Queue a request (validated and tokenized by the front end)."""
-        self.scheduler.add_request(request)
+        """Queue a request (validated and tokenized by the front end).
+
+        One with structured outputs reaches the scheduler once its grammar is compiled.
+        """
+        if not self.structured_output.add_request(request):
+            self.scheduler.add_request(request)
 
     def add_requests(self, requests: Iterable[EngineRequest]) -> None:
         """Queue several requests."""
         for request in requests:
-            self.scheduler.add_request(request)
+            self.add_request(request)
 
     def abort_requests(self, request_ids: Iterable[str]) -> None:
         """End requests now; their blocks are freed."""
-        self.scheduler.finish_requests(list(request_ids), RequestStatus.FINISHED_ABORTED)
+        self.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
 
     def finish_requests(self, request_ids: Iterable[str], status: RequestStatus) -> None:
         """End requests with ``status`` (e.g. a stop string found by the front end)."""
-        self.scheduler.finish_requests(list(request_ids), status)
+        ids = list(request_ids)
+        self.structured_output.forget(ids)
+        self.scheduler.finish_requests(ids, status)
 
     def has_unfinished_requests(self) -> bool:
-        """True while some request waits or runs."""
-        return self.scheduler.has_unfinished_requests()
+        """True while some request waits (for the scheduler or its grammar) or runs."""
+        return (self.scheduler.has_unfinished_requests()
+                or self.structured_output.has_pending())
 
     def has_work(self) -> bool:
         """True while a step has work: requests to run, or finished ones to report."""
-        return (self.scheduler.has_unfinished_requests()
+        return (self.has_unfinished_requests()
                 or self.scheduler.has_finished_requests())
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule, execute and update once; returns the step's per-request outputs."""
         if not self.has_work():
             return []
+        so = self.structured_output
+        compiled: list[EngineCoreOutput] = []
+        if so.has_pending():
+            ready, compiled = so.ready()
+            for request in ready:
+                self.scheduler.add_request(request)
+            if not (self.scheduler.has_unfinished_requests()
+                    or self.scheduler.has_finished_requests()):
+                if not compiled:  # only grammars in the making: wait for one, briefly
+                    so.wait_pending(GRAMMAR_WAIT_S)
+                return compiled
         scheduler_output = self.scheduler.schedule()
+        bitmask, failed = so.grammar_bitmask(scheduler_output)
+        if bitmask is not None:
+            scheduler_output = replace(scheduler_output, grammar_bitmask=bitmask)
         runner_output = self.executor.execute_model(scheduler_output)
         outputs = self.scheduler.update_from_output(scheduler_output, runner_output)
-        if runner_output.failed:
-            outputs = self._fail_requests(outputs, runner_output.failed)
-        return outputs
+        failed = {**failed, **runner_output.failed}
+        refused, complete = so.accept([o for o in outputs if o.request_id not in failed])
+        failed.update(refused)
+        if complete:
+            outputs = self._stop_complete(outputs, complete)
+        if failed:
+            outputs = self._fail_requests(outputs, failed)
+        so.forget(o.request_id for o in outputs if o.finish_reason is not None)
+        return compiled + outputs
+
+    def _stop_complete(self, outputs: list[EngineCoreOutput],
+                       request_ids: list[str]) -> list[EngineCoreOutput]:
+        """Stop requests whose grammar is complete (e.g. with ``ignore_eos``)."""
+        self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_STOPPED)
+        done = set(request_ids)
+        return [replace(o, finish_reason="stop") if o.request_id in done else o
+                for o in outputs]
 
     def _fail_requests(self, outputs: list[EngineCoreOutput],
                        failed: Mapping[str, PluginFailure]) -> list[EngineCoreOutput]:
@@ -180,6 +224,7 @@ class EngineCore:
     def shutdown(self) -> None:
         """Stop the scheduler, the connector's scheduler side and the workers (idempotent)."""
         try:
+            self.structured_output.shutdown()
             self.scheduler.shutdown()
         finally:
             try:

@@ -10,6 +10,7 @@ from engine.core.frontend.input_processor import InputProcessor
 from engine.core.frontend.output_processor import OutputProcessor
 from engine.core.plugin_construction import logits_processor_classes
 from engine.core.startup import EngineSetup
+from engine.core.structured_output import frontend_validator
 from engine.core.tokenizer import Tokenizer, load_tokenizer, read_chat_template
 
 
@@ -41,12 +42,15 @@ class FrontEndParts:
         template = None if config.chat_template is None else read_chat_template(
             config.chat_template)
         tokenizer = load_tokenizer(setup.source, chat_template=template)
+        eos = eos_token_id_of(tokenizer, setup.hf_config)
         return cls(
             tokenizer=tokenizer,
-            eos_token_id=eos_token_id_of(tokenizer, setup.hf_config),
+            eos_token_id=eos,
             input_processor=InputProcessor(
                 tokenizer, max_model_len=setup.max_model_len, vocab_size=setup.vocab_size,
                 logits_processors=logits_processor_classes(setup),
-                max_logprobs=config.max_logprobs),
+                max_logprobs=config.max_logprobs,
+                structured_outputs=frontend_validator(
+                    setup, tokenizer.hf_tokenizer, () if eos is None else (eos,))),
             output_processor=OutputProcessor(tokenizer),
         )

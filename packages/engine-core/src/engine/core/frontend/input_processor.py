@@ -10,7 +10,7 @@ processor's ``validate_params``, and no ``extra_args`` key that none of them tak
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
@@ -21,6 +21,7 @@ from engine.sdk.errors import ValidationError
 from engine.sdk.logits_processor import LogitsProcessor
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import EngineRequest
+from engine.sdk.structured_output import StructuredOutputsParams
 
 #: A prompt: text, token ids, or ``{"prompt_token_ids": [...]}`` / ``{"prompt": "..."}``.
 PromptType = Union[str, Sequence[int], Mapping[str, Any]]
@@ -47,7 +48,9 @@ class InputProcessor:
 
     def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, vocab_size: int,
                  logits_processors: Mapping[str, type[LogitsProcessor]],
-                 max_logprobs: int = 20) -> None:
+                 max_logprobs: int = 20,
+                 structured_outputs: Callable[[StructuredOutputsParams], None] | None = None,
+                 ) -> None:
         self.tokenizer = tokenizer
         self.max_model_len = max_model_len
         self.vocab_size = vocab_size
@@ -55,6 +58,8 @@ class InputProcessor:
         self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
         self.logits_processors = dict(logits_processors)
         self.extra_args = ExtraArgsChecker(self.logits_processors)
+        #: Checks a request's structured-output spec (the backend's ``validate``).
+        self.check_structured_outputs = structured_outputs
 
     def tokenize(self, prompt: PromptType) -> tuple[str | None, tuple[int, ...]]:
         """``(text or None, token ids)`` of a prompt in any accepted form."""
@@ -119,6 +124,11 @@ class InputProcessor:
                     f"{name} must be in [0, {self.max_logprobs}] (the most logprobs per token "
                     f"this engine returns, --max-logprobs), got {asked}", param=name)
         self.extra_args.check(params)
+        if params.structured_outputs is not None:
+            if self.check_structured_outputs is None:
+                raise ValidationError("structured outputs are not available in this engine",
+                                      param="structured_outputs")
+            self.check_structured_outputs(params.structured_outputs)
         return params
 
     def process(

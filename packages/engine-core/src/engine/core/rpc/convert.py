@@ -98,6 +98,9 @@ def sampling_params_to_proto(params: SamplingParams) -> pb.SamplingParams:
         except (TypeError, ValueError) as exc:
             raise ValidationError(f"extra_args must be JSON-serialisable to reach EngineCore: "
                                   f"{exc}", param="extra_args") from exc
+    if params.structured_outputs is not None:
+        msg.structured_outputs_json = json.dumps(params.structured_outputs.to_dict(),
+                                                 ensure_ascii=False, separators=(",", ":"))
     return msg
 
 
@@ -108,6 +111,8 @@ def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         logit_bias = dict(zip(unpack_int32(msg.logit_bias.token_ids), msg.logit_bias.biases,
                               strict=True))
     extra_args = json.loads(msg.extra_args_json) if msg.HasField("extra_args_json") else None
+    structured = (json.loads(msg.structured_outputs_json)
+                  if msg.HasField("structured_outputs_json") else None)
     return SamplingParams(
         n=msg.n, temperature=msg.temperature, top_p=msg.top_p, top_k=msg.top_k,
         min_p=msg.min_p, presence_penalty=msg.presence_penalty,
@@ -120,6 +125,7 @@ def sampling_params_from_proto(msg: pb.SamplingParams) -> SamplingParams:
         prompt_logprobs=msg.prompt_logprobs if msg.HasField("prompt_logprobs") else None,
         logit_bias=logit_bias, skip_special_tokens=msg.skip_special_tokens,
         include_stop_str_in_output=msg.include_stop_str_in_output, extra_args=extra_args,
+        structured_outputs=structured,
     )
 
 

@@ -28,6 +28,8 @@ import traceback as traceback_module
 from collections.abc import Mapping, Sequence
 from itertools import chain
 
+import numpy as np
+
 from engine.core.rpc._gen import worker_pb2 as pb
 from engine.core.rpc.convert import (
     failure_from_proto,
@@ -46,6 +48,7 @@ from engine.sdk.scheduler import (
     SampleLogprobs,
     SchedulerOutput,
 )
+from engine.sdk.structured_output import GrammarBitmask
 
 __all__ = [
     "WorkerRpcError", "WorkerCallError", "WorkerUnavailableError",
@@ -225,6 +228,12 @@ def scheduler_output_to_proto(out: SchedulerOutput, into: pb.SchedulerOutput | N
     msg.preempted_req_ids.extend(out.preempted_req_ids)
     if out.kv_connector_metadata is not None:
         msg.kv_connector_metadata = out.kv_connector_metadata
+    if out.grammar_bitmask is not None:
+        grammar = out.grammar_bitmask
+        bitmask = grammar.bitmask
+        msg.grammar_bitmask.req_ids.extend(grammar.req_ids)
+        msg.grammar_bitmask.words = int(bitmask.shape[1])
+        msg.grammar_bitmask.bitmask = bitmask.contiguous().numpy().astype("<i4").tobytes()
     return msg
 
 
@@ -252,7 +261,16 @@ def scheduler_output_from_proto(msg: pb.SchedulerOutput) -> SchedulerOutput:
         preempted_req_ids=frozenset(msg.preempted_req_ids),
         kv_connector_metadata=(msg.kv_connector_metadata
                                if msg.HasField("kv_connector_metadata") else None),
+        grammar_bitmask=(_grammar_bitmask(msg.grammar_bitmask)
+                         if msg.HasField("grammar_bitmask") else None),
     )
+
+
+def _grammar_bitmask(msg: pb.GrammarBitmask) -> GrammarBitmask:
+    import torch
+
+    rows = np.frombuffer(msg.bitmask, dtype="<i4").reshape(len(msg.req_ids), msg.words)
+    return GrammarBitmask(tuple(msg.req_ids), torch.from_numpy(rows.astype(np.int32)))
 
 
 # --- ModelRunnerOutput ------------------------------------------------------------------

@@ -41,6 +41,7 @@ from engine.core.plugin_faults import ForwardAttribution
 from engine.core.sample.faults import LogitsFaults
 from engine.core.sample.logprobs import compute_logprobs, gather_logprobs, to_sample_logprobs
 from engine.core.sample.sampler import Sampler
+from engine.core.structured_output.bitmask import apply_grammar_bitmask
 from engine.core.worker.input_batch import CachedRequestState, InputBatch
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import AttentionMetadataBuilder
@@ -172,6 +173,8 @@ class ModelRunner:
             self._append_tokens(broadcast_from_driver(sampled_ids, self.tp), inputs)
             self._prompt_logprobs(hidden, inputs, req_ids)
             return _EMPTY
+        if out.grammar_bitmask is not None:  # structured outputs: disallowed tokens -> -inf
+            apply_grammar_bitmask(logits, out.grammar_bitmask, req_ids)
         sampling = batch.make_sampling_metadata(inputs.is_partial)
         sampled = self.sampler(logits, sampling)
         sampled_ids = sampled.sampled_token_ids.to(torch.int64).contiguous()

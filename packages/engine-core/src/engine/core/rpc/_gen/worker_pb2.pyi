@@ -86,7 +86,7 @@ class RequestIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class SchedulerOutput(_message.Message):
-    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "num_scheduled_req_ids", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "kv_connector_metadata")
+    __slots__ = ("scheduled_new_reqs", "scheduled_cached_reqs", "num_scheduled_tokens", "num_scheduled_req_ids", "total_num_scheduled_tokens", "finished_req_ids", "preempted_req_ids", "kv_connector_metadata", "grammar_bitmask")
     SCHEDULED_NEW_REQS_FIELD_NUMBER: _ClassVar[int]
     SCHEDULED_CACHED_REQS_FIELD_NUMBER: _ClassVar[int]
     NUM_SCHEDULED_TOKENS_FIELD_NUMBER: _ClassVar[int]
@@ -95,6 +95,7 @@ class SchedulerOutput(_message.Message):
     FINISHED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     PREEMPTED_REQ_IDS_FIELD_NUMBER: _ClassVar[int]
     KV_CONNECTOR_METADATA_FIELD_NUMBER: _ClassVar[int]
+    GRAMMAR_BITMASK_FIELD_NUMBER: _ClassVar[int]
     scheduled_new_reqs: _containers.RepeatedCompositeFieldContainer[NewRequestData]
     scheduled_cached_reqs: CachedRequestData
     num_scheduled_tokens: bytes
@@ -103,7 +104,18 @@ class SchedulerOutput(_message.Message):
     finished_req_ids: _containers.RepeatedScalarFieldContainer[str]
     preempted_req_ids: _containers.RepeatedScalarFieldContainer[str]
     kv_connector_metadata: bytes
-    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., num_scheduled_tokens: _Optional[bytes] = ..., num_scheduled_req_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., kv_connector_metadata: _Optional[bytes] = ...) -> None: ...
+    grammar_bitmask: GrammarBitmask
+    def __init__(self, scheduled_new_reqs: _Optional[_Iterable[_Union[NewRequestData, _Mapping]]] = ..., scheduled_cached_reqs: _Optional[_Union[CachedRequestData, _Mapping]] = ..., num_scheduled_tokens: _Optional[bytes] = ..., num_scheduled_req_ids: _Optional[_Union[RequestIds, _Mapping]] = ..., total_num_scheduled_tokens: _Optional[int] = ..., finished_req_ids: _Optional[_Iterable[str]] = ..., preempted_req_ids: _Optional[_Iterable[str]] = ..., kv_connector_metadata: _Optional[bytes] = ..., grammar_bitmask: _Optional[_Union[GrammarBitmask, _Mapping]] = ...) -> None: ...
+
+class GrammarBitmask(_message.Message):
+    __slots__ = ("req_ids", "bitmask", "words")
+    REQ_IDS_FIELD_NUMBER: _ClassVar[int]
+    BITMASK_FIELD_NUMBER: _ClassVar[int]
+    WORDS_FIELD_NUMBER: _ClassVar[int]
+    req_ids: _containers.RepeatedScalarFieldContainer[str]
+    bitmask: bytes
+    words: int
+    def __init__(self, req_ids: _Optional[_Iterable[str]] = ..., bitmask: _Optional[bytes] = ..., words: _Optional[int] = ...) -> None: ...
 
 class PromptLogprobs(_message.Message):
     __slots__ = ("req_id", "logprobs")
