@@ -41,6 +41,10 @@ _TESTS = "packages/engine-core/tests/"
 #: page -> first line of each python block -> the test module (from the repository root)
 #: that runs it.
 RUN_BY: dict[str, dict[str, str]] = {
+    "tool-parsers.md": {
+        "# src/acme_plugins/brackets.py": "packages/server/tests/test_docs_tool_parsers.py",
+        "# tests/test_brackets.py": "packages/server/tests/test_docs_tool_parsers.py",
+    },
     "attention-backends.md": {
         "from __future__ import annotations": _TESTS + "test_docs_kernels.py",
         "from engine.testing.contracts import DEFAULT_ATTENTION_CASES, check_attention_backend":

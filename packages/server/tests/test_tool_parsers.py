@@ -205,7 +205,7 @@ class LineParser(ToolParser):
         for line in text.splitlines(keepends=True):
             match = re.match(r"\s*CALL (\w+) ", line)
             try:
-                arguments, end = decoder.raw_decode(line, match.end()) if match else ({}, 0)
+                arguments, _ = decoder.raw_decode(line, match.end()) if match else ({}, 0)
             except ValueError:
                 match = None
             if match:

@@ -81,7 +81,22 @@ from engine.sdk.stats import (
     PrefixCacheStats,
     SchedulerStats,
 )
+from engine.sdk.structured_output import (
+    GrammarBitmask,
+    StructuredOutputBackend,
+    StructuredOutputContext,
+    StructuredOutputMatcher,
+    StructuredOutputsParams,
+)
 from engine.sdk.support import Support
+from engine.sdk.tool_parser import (
+    ExtractedToolCalls,
+    StreamDelta,
+    ToolCall,
+    ToolCallDelta,
+    ToolParser,
+    ToolParserContext,
+)
 from engine.sdk.worker_extension import WorkerExtension
 
 __all__ = [
@@ -158,6 +173,19 @@ __all__ = [
     "IterationStats",
     "FinishedRequestStats",
     "PrefixCacheStats",
+    # structured outputs
+    "StructuredOutputsParams",
+    "StructuredOutputBackend",
+    "StructuredOutputContext",
+    "StructuredOutputMatcher",
+    "GrammarBitmask",
+    # tool calling
+    "ToolParser",
+    "ToolParserContext",
+    "ToolCall",
+    "ToolCallDelta",
+    "ExtractedToolCalls",
+    "StreamDelta",
     # front end
     "EndpointPlugin",
     "IOProcessor",

@@ -12,7 +12,7 @@ that has ``tools``, built with the request's tool definitions:
   in order, then :meth:`ToolParser.finish_streaming` once. The base class implements both
   on top of ``extract_tool_calls``, so a parser usually writes that one method.
 
-.. versionadded:: 1.2
+.. versionadded:: 1.1
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class ToolCall:
             e.g. ``'{"city": "Paris"}'``.
         id: The call's id; ``None`` lets the engine assign one (``call_`` + 24 hex digits).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     name: str
@@ -54,7 +54,7 @@ class ExtractedToolCalls:
         content: The text outside the calls, or ``None`` when there is none. Empty and
             whitespace-only text is stored as ``None``.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     tool_calls: tuple[ToolCall, ...] = ()
@@ -71,7 +71,7 @@ class ExtractedToolCalls:
     def tools_called(self) -> bool:
         """Whether at least one call was found.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return bool(self.tool_calls)
 
@@ -87,7 +87,7 @@ class ToolCallDelta:
         arguments: Text to append to that call's arguments (the default streaming sends
             the whole JSON text at once).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     index: int
@@ -100,7 +100,7 @@ class ToolCallDelta:
 class StreamDelta:
     """What one streaming step adds: content text, pieces of calls, or both.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     content: str | None = None
@@ -115,7 +115,7 @@ class ToolParserContext(PluginContext):
         tokenizer: The served model's tokenizer (a ``transformers`` tokenizer), for parsers
             that need its special tokens; ``None`` where there is none (tests).
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     process: str = "frontend"
@@ -160,7 +160,7 @@ class ToolParser(Plugin, ABC):
         tools: The request's tool definitions, OpenAI-shaped: ``{"type": "function",
             "function": {"name", "description", "parameters"}}``.
 
-    .. versionadded:: 1.2
+    .. versionadded:: 1.1
     """
 
     tool_call_start: ClassVar[str | None] = None
@@ -194,7 +194,7 @@ class ToolParser(Plugin, ABC):
         extension: the calls found in a text are the first calls found in any longer text
         starting with it (streaming sends a call as soon as it is found).
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
 
     def extract_tool_calls_streaming(self, delta_text: str) -> StreamDelta | None:
@@ -205,7 +205,7 @@ class ToolParser(Plugin, ABC):
         Default: the algorithm in the class docstring.
         Must: send each call's ``id`` and ``name`` in its first delta.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         self._text += delta_text
         return self._advance(final=False)
@@ -219,21 +219,22 @@ class ToolParser(Plugin, ABC):
         Default: the calls not yet sent, held-back text, and the content that
         ``extract_tool_calls`` reports in the tool text.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         return self._advance(final=True)
 
     def _starts_tool_call(self, text: str) -> int | None:
         """Where tool text starts in ``text`` (the output so far), or ``None`` if not yet.
 
-        Called: by the default streaming, after each delta until it returns an index.
+        Called: by the default streaming, after each delta (and at the end) until it
+        returns an index.
         Default: the first ``tool_call_start`` in ``text``; with no marker, the first
         non-whitespace character.
         Must: once it returns an index for a text, return the same index for every longer
         text starting with it; the index must not fall in text already sent as content,
         i.e. before a trailing part that could begin ``tool_call_start``.
 
-        .. versionadded:: 1.2
+        .. versionadded:: 1.1
         """
         if self.tool_call_start is None:
             stripped = text.lstrip()

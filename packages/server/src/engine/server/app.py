@@ -35,6 +35,24 @@ from engine.server.endpoints import (
 from engine.server.errors import install_error_handlers
 from engine.server.limits import RequestSizeLimitMiddleware, check_max_request_bytes
 from engine.server.state import ServerArgs, ServerState
+from engine.server.tools import ToolParserSelection
+
+
+def load_tool_parser(engine: AsyncLLM, args: ServerArgs) -> ToolParserSelection | None:
+    """The ``--tool-call-parser``, loaded; None without ``--enable-auto-tool-choice``.
+
+    Raises:
+        ValueError: one of the two flags without the other.
+        PluginError: the parser is unknown or fails to load.
+    """
+    if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
+        raise ValueError("--enable-auto-tool-choice and --tool-call-parser NAME go together "
+                         "(tool_choice \"auto\" needs a parser to find the calls in the text; "
+                         "built in: hermes, llama3_json)")
+    if args.tool_call_parser is None:
+        return None
+    return ToolParserSelection.load(engine.setup, args.tool_call_parser,
+                                    engine.tokenizer.hf_tokenizer)
 
 
 def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
@@ -44,7 +62,8 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
         PluginError: an endpoint plugin failed to load, or its routes clash with existing
             ones (the message names both); the ``--io-processor`` failed to load or
             construct.
-        ValueError: a ``--public-path`` no route serves, or ``--max-request-bytes`` < 1.
+        ValueError: a ``--public-path`` no route serves, ``--max-request-bytes`` < 1, or
+            only one of ``--enable-auto-tool-choice`` and ``--tool-call-parser``.
     """
     args = args or ServerArgs()
     check_max_request_bytes(args.max_request_bytes)
@@ -52,6 +71,7 @@ def build_app(engine: AsyncLLM, args: ServerArgs | None = None) -> FastAPI:
     state = ServerState(engine=engine, args=args,
                         model_names=args.served_model_names or (engine.model_name,),
                         metrics=registry, io_processor=load_io_processor(engine.setup))
+    state.tool_parser = load_tool_parser(engine, args)
     if engine.info is None:  # before start(): the stat loggers label the served name
         engine.served_model_name = state.model_name
     engine.add_stat_logger("prometheus",

@@ -20,6 +20,8 @@ from engine.core.frontend.input_processor import PromptType
 from engine.core.outputs import RequestOutput
 from engine.core.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
+from engine.sdk.sampling_params import SamplingParams
+from engine.sdk.tool_parser import StreamDelta
 from engine.server.logprobs import chat_logprobs
 from engine.server.protocol import (
     ChatChoice,
@@ -29,7 +31,11 @@ from engine.server.protocol import (
     ChatCompletionResponse,
     ChatMessage,
     ChatResponseMessage,
+    DeltaFunctionCall,
     DeltaMessage,
+    DeltaToolCall,
+    FunctionCall,
+    ToolCallItem,
     UsageInfo,
 )
 from engine.server.request_log import log_request
@@ -48,10 +54,15 @@ from engine.server.streaming import (
     sse_frame,
     start_requests,
 )
+from engine.server.structured_outputs import with_structured_outputs
+from engine.server.tool_messages import tool_fields
+from engine.server.tool_stream import ChoiceTools
+from engine.server.tools import ToolPlan, new_call_id, plan_tools
 
 router = APIRouter()
 
-_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+_ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+          "tool": "tool"}
 
 
 def _unsupported(param: str, what: str) -> ValidationError:
@@ -71,11 +82,10 @@ def conversation_of(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         where = f"messages.{i}"
         if message.role not in _ROLES:
             raise _unsupported(f"{where}.role", f"role {message.role!r} is not supported; use "
-                               f"one of {', '.join(_ROLES)} (tool calling is not supported)")
-        for name in ("tool_calls", "tool_call_id", "function_call"):
-            if getattr(message, name) is not None:
-                raise _unsupported(f"{where}.{name}", "tool and function calling is not "
-                                   "supported by this server")
+                               f"one of {', '.join(_ROLES)}")
+        if message.function_call is not None:
+            raise _unsupported(f"{where}.function_call", "the deprecated function_call is not "
+                               "supported; send tool_calls")
         content = message.content
         if isinstance(content, list):
             texts = []
@@ -90,23 +100,26 @@ def conversation_of(messages: Sequence[ChatMessage]) -> list[dict[str, Any]]:
         entry: dict[str, Any] = {"role": _ROLES[message.role], "content": content or ""}
         if message.name is not None:
             entry["name"] = message.name
+        entry.update(tool_fields(message, where))
         conversation.append(entry)
     return conversation
 
 
 def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
-                add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None) -> str:
-    """The conversation rendered with the chat template."""
+                add_generation_prompt: bool, template_kwargs: Mapping[str, Any] | None,
+                tools: Sequence[Mapping[str, Any]] | None = None) -> str:
+    """The conversation rendered with the chat template (with ``tools``, if given)."""
     return tokenizer.apply_chat_template(conversation_of(messages), add_generation_prompt,
-                                         **dict(template_kwargs or {}))
+                                         tools=tools, **dict(template_kwargs or {}))
 
 
 def chat_prompt(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
                 add_generation_prompt: bool,
-                template_kwargs: Mapping[str, Any] | None) -> PromptType:
+                template_kwargs: Mapping[str, Any] | None,
+                tools: Sequence[Mapping[str, Any]] | None = None) -> PromptType:
     """The rendered conversation as a prompt (text and its token ids)."""
     text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt,
-                       template_kwargs=template_kwargs)
+                       template_kwargs=template_kwargs, tools=tools)
     return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
 
 
@@ -122,13 +135,14 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     """OpenAI's chat completions API (see the module docstring)."""
     state = server_state(request)
     model = state.check_model(body.model)
-    params = chat_params(body, state.engine.setup.generation_defaults)
     engine = state.engine
+    plan = plan_tools(body, auto_enabled=state.tool_parser is not None)
+    params = chat_sampling(body, plan, engine.setup)
     # Rendering and tokenizing a long conversation takes a while: off the event loop.
     prompt = await engine.tokenizer_pool.run(
         chat_prompt, engine.tokenizer, body.messages,
         add_generation_prompt=body.add_generation_prompt,
-        template_kwargs=body.chat_template_kwargs)
+        template_kwargs=body.chat_template_kwargs, tools=plan.tools)
     response_id, created = random_id("chatcmpl"), int(time.time())
     log_request(state.args, response_id, prompt, params)
     streams = await start_requests(engine, response_id, [prompt], params,
@@ -136,8 +150,10 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     num_logprobs = (body.top_logprobs or 0) if body.logprobs else None
     if body.stream:
         include_usage = body.stream_options is not None and body.stream_options.include_usage
+        tools = [ChoiceTools(plan, state.tool_parser) for _ in range(params.n)
+                 ] if plan.parses else None
         return SSEResponse(_stream(streams[0], response_id, created, model, params.n,
-                                   num_logprobs, include_usage, body.return_token_ids),
+                                   num_logprobs, include_usage, body.return_token_ids, tools),
                            on_close=lambda: close_all(streams))
     try:
         (output,) = await cancel_on_disconnect(request, collect_final(streams))
@@ -145,21 +161,65 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
         return Response(status_code=499)
     finally:
         close_all(streams)
-    choices = [ChatChoice(
-        index=c.index, message=ChatResponseMessage(content=c.text),
-        logprobs=None if num_logprobs is None else chat_logprobs(c.logprobs or [],
-                                                                 num_logprobs),
-        finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-        token_ids=c.token_ids if body.return_token_ids else None) for c in output.outputs]
+    choices = []
+    for c in output.outputs:
+        message, finish_reason = ChatResponseMessage(content=c.text), c.finish_reason
+        if plan.parses:
+            reader = ChoiceTools(plan, state.tool_parser)
+            found = reader.final(c.text)
+            message = ChatResponseMessage(content=found.content, tool_calls=[
+                ToolCallItem(id=call.id or new_call_id(),
+                             function=FunctionCall(name=call.name, arguments=call.arguments))
+                for call in found.tool_calls])
+            finish_reason = tool_finish_reason(plan, reader, finish_reason)
+        choices.append(ChatChoice(
+            index=c.index, message=message,
+            logprobs=None if num_logprobs is None else chat_logprobs(c.logprobs or [],
+                                                                     num_logprobs),
+            finish_reason=finish_reason, stop_reason=c.stop_reason,
+            token_ids=c.token_ids if body.return_token_ids else None))
     response = ChatCompletionResponse(
         id=response_id, created=created, model=model, choices=choices, usage=_usage(output),
         prompt_token_ids=output.prompt_token_ids if body.return_token_ids else None)
     return JSONResponse(response.model_dump())
 
 
+def chat_sampling(body: ChatCompletionRequest, plan: ToolPlan, setup: Any) -> SamplingParams:
+    """The request's sampling params, with its output constraint (format or tool choice).
+
+    Raises:
+        ValidationError: a bad value, or both a response format and a tool choice that
+            constrains the output.
+    """
+    params = with_structured_outputs(chat_params(body, setup.generation_defaults), body,
+                                     setup.config.structured_outputs_backend)
+    if plan.constraint is None:
+        return params
+    if params.structured_outputs is not None:
+        raise ValidationError(f"tool_choice {plan.choice!r} constrains the output to a tool "
+                              f"call; it cannot be combined with response_format, "
+                              f"structured_outputs or guided_*", param="tool_choice")
+    return params.replace(structured_outputs=plan.constraint)
+
+
+def tool_finish_reason(plan: ToolPlan, reader: ChoiceTools, reason: str | None) -> str | None:
+    """``"tool_calls"`` for a choice that ended by calling tools (auto or required)."""
+    if reason == "stop" and reader.called and plan.choice in ("auto", "required"):
+        return "tool_calls"
+    return reason
+
+
+def _delta_message(delta: StreamDelta) -> DeltaMessage:
+    calls = [DeltaToolCall(
+        index=call.index, id=call.id, type="function" if call.id else None,
+        function=DeltaFunctionCall(name=call.name, arguments=call.arguments))
+        for call in delta.tool_calls]
+    return DeltaMessage(content=delta.content, tool_calls=calls or None)
+
+
 async def _stream(stream: RequestStream, response_id: str, created: int, model: str, n: int,
                   num_logprobs: int | None, include_usage: bool, return_token_ids: bool,
-                  ) -> AsyncIterator[str]:
+                  tools: list[ChoiceTools] | None = None) -> AsyncIterator[str]:
     def chunk(choice: ChatChunkChoice) -> str:
         return sse_frame(ChatCompletionChunk(id=response_id, created=created, model=model,
                                              choices=[choice]))
@@ -178,10 +238,25 @@ async def _stream(stream: RequestStream, response_id: str, created: int, model: 
                     continue
                 logprobs = None if num_logprobs is None else chat_logprobs(
                     delta.logprobs or [], num_logprobs)
+                message = DeltaMessage(content=delta.text) if delta.text else DeltaMessage()
+                finish_reason = delta.finish_reason
+                if tools is not None:
+                    reader = tools[delta.index]
+                    piece = reader.feed(delta.text) if delta.text else None
+                    if finish_reason is not None:
+                        last = reader.finish()
+                        if last is not None:
+                            piece = StreamDelta(
+                                content=((piece.content if piece else None) or "")
+                                + (last.content or "") or None,
+                                tool_calls=(piece.tool_calls if piece else ()) + last.tool_calls)
+                        finish_reason = tool_finish_reason(reader.plan, reader, finish_reason)
+                    message = _delta_message(piece) if piece is not None else DeltaMessage()
+                    if piece is None and finish_reason is None and not logprobs:
+                        continue
                 yield chunk(ChatChunkChoice(
-                    index=delta.index,
-                    delta=DeltaMessage(content=delta.text) if delta.text else DeltaMessage(),
-                    logprobs=logprobs, finish_reason=delta.finish_reason,
+                    index=delta.index, delta=message,
+                    logprobs=logprobs, finish_reason=finish_reason,
                     stop_reason=delta.stop_reason if delta.finish_reason else None,
                     token_ids=delta.token_ids if return_token_ids else None))
         if include_usage:

@@ -43,6 +43,7 @@ from engine.server.streaming import (
     sse_frame,
     start_requests,
 )
+from engine.server.structured_outputs import with_structured_outputs
 
 router = APIRouter()
 
@@ -119,7 +120,9 @@ async def create_completion(body: CompletionRequest, request: Request) -> Respon
     """OpenAI's completions API (see the module docstring)."""
     state = server_state(request)
     model = state.check_model(body.model)
-    params = completion_params(body, state.engine.setup.generation_defaults)
+    setup = state.engine.setup
+    params = with_structured_outputs(completion_params(body, setup.generation_defaults), body,
+                                     setup.config.structured_outputs_backend)
     response_id, created = random_id("cmpl"), int(time.time())
     log_request(state.args, response_id, body.prompt, params)
     streams = await start_requests(state.engine, response_id, prompts_of(body.prompt),

@@ -160,6 +160,15 @@ class SamplingRequest(OpenAIModel):
     vllm_xargs: dict[str, Any] | None = Field(None, description="alias of extra_args")
     priority: int = 0
     return_token_ids: bool = Field(False, description="add token ids to the choices")
+    # Structured outputs (engine.server.structured_outputs): one of these at most.
+    response_format: Any = None
+    structured_outputs: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     # OpenAI fields this engine cannot honour (400 unless neutral).
     service_tier: Any = None
     store: Any = None
@@ -204,7 +213,6 @@ class ChatCompletionRequest(SamplingRequest):
     parallel_tool_calls: Any = None
     functions: Any = None
     function_call: Any = None
-    response_format: Any = None
     audio: Any = None
     modalities: Any = None
     prediction: Any = None
@@ -319,11 +327,43 @@ class ChatLogProbs(BaseModel):
     content: list[ChatLogProb] | None = None
 
 
+class FunctionCall(BaseModel):
+    """The function a tool call invokes; ``arguments`` is JSON text."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallItem(BaseModel):
+    """One tool call of the assistant's reply."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
-    """The assistant's reply."""
+    """The assistant's reply (``tool_calls``: ``[]`` when it calls none, as vLLM answers)."""
 
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    tool_calls: list[ToolCallItem] = Field(default_factory=list)
+
+
+class DeltaFunctionCall(BaseModel):
+    """A streamed piece of a call: the name once, then fragments of the arguments."""
+
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(BaseModel):
+    """A streamed piece of tool call ``index`` (``id`` and ``type`` on its first piece)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class DeltaMessage(BaseModel):
@@ -331,6 +371,7 @@ class DeltaMessage(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
 
 class ChatChoice(BaseModel):

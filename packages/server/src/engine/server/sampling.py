@@ -21,19 +21,13 @@ from engine.server.protocol import (
     SamplingRequest,
 )
 
-_NO_TOOLS = "this server does not do tool or function calling"
+_NO_FUNCTIONS = "the deprecated functions API is not supported; use tools and tool_choice"
 
 #: field -> (neutral values, why anything else is refused).
 UNSUPPORTED: dict[str, tuple[tuple[Any, ...], str]] = {
     "suffix": ((None, ""), "insertion (suffix) is not supported"),
-    "tools": ((None, []), _NO_TOOLS),
-    "tool_choice": ((None, "none"), _NO_TOOLS),
-    "parallel_tool_calls": ((None,), _NO_TOOLS),
-    "functions": ((None, []), _NO_TOOLS),
-    "function_call": ((None, "none"), _NO_TOOLS),
-    "response_format": ((None, {"type": "text"}),
-                        "structured output (json_object, json_schema) is not supported; only "
-                        "{\"type\": \"text\"}"),
+    "functions": ((None, []), _NO_FUNCTIONS),
+    "function_call": ((None, "none"), _NO_FUNCTIONS),
     "audio": ((None,), "audio output is not supported"),
     "modalities": ((None, ["text"]), "only the text modality is supported"),
     "prediction": ((None,), "predicted outputs are not supported"),

@@ -13,6 +13,7 @@ from engine.core.client.async_llm import AsyncLLM
 from engine.core.io_processing import IOProcessorHandle
 from engine.server.errors import APIError
 from engine.server.limits import DEFAULT_MAX_REQUEST_BYTES
+from engine.server.tools import ToolParserSelection
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,10 @@ class ServerArgs:
         enable_log_requests: Log each generation request's prompt and sampling
             parameters at INFO (``--enable-log-requests``; :mod:`engine.server.request_log`).
         max_log_len: Characters (and token ids) of a prompt shown in that line; None: all.
+        enable_auto_tool_choice: Serve ``tool_choice: "auto"`` (``--enable-auto-tool-choice``;
+            needs ``tool_call_parser``).
+        tool_call_parser: The ``engine.tool_parsers`` entry (or ``module:Class``) that finds
+            tool calls in the model's text (``--tool-call-parser``).
     """
 
     served_model_names: tuple[str, ...] = ()
@@ -43,6 +48,8 @@ class ServerArgs:
     public_paths: tuple[str, ...] = ()
     enable_log_requests: bool = False
     max_log_len: int | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
 
 
 @dataclass
@@ -56,6 +63,8 @@ class ServerState:
     metrics: Any = None
     #: The ``--io-processor`` served on ``POST /pooling`` (None: the route answers 404).
     io_processor: IOProcessorHandle | None = None
+    #: The ``--tool-call-parser`` behind ``tool_choice: "auto"`` (None: auto is refused).
+    tool_parser: ToolParserSelection | None = None
 
     @property
     def model_name(self) -> str:

@@ -45,6 +45,10 @@ class XgrammarBackend(StructuredOutputBackend):
 
         max_threads: int = Field(
             1, ge=1, description="threads xgrammar compiles a grammar with")
+        max_whitespace: int = Field(
+            20, ge=1, description="longest run of whitespace allowed between JSON tokens "
+            "(json, json_object): room for pretty-printing, none for a model that would "
+            "otherwise fill max_tokens with blanks")
 
     def __init__(self, ctx: StructuredOutputContext) -> None:
         super().__init__(ctx)
@@ -55,13 +59,16 @@ class XgrammarBackend(StructuredOutputBackend):
         import xgrammar as xgr
 
         kind = params.kind
-        whitespace = not params.disable_any_whitespace
+        options = self.ctx.options
+        json_options: dict[str, Any] = {
+            "any_whitespace": not params.disable_any_whitespace,
+            "max_whitespace_cnt": (options.max_whitespace
+                                   if isinstance(options, self.Options) else 20)}
         try:
             if kind == "json":
-                return xgr.Grammar.from_json_schema(params.spec, any_whitespace=whitespace)
+                return xgr.Grammar.from_json_schema(params.spec, **json_options)
             if kind == "json_object":
-                return xgr.Grammar.from_json_schema('{"type": "object"}',
-                                                    any_whitespace=whitespace)
+                return xgr.Grammar.from_json_schema('{"type": "object"}', **json_options)
             if kind == "regex":
                 return xgr.Grammar.from_regex(params.spec)
             if kind == "choice":

@@ -74,6 +74,17 @@ def add_parser(commands: Any) -> None:
     server.add_argument("--enable-server-load-tracking", action="store_true",
                         help="accepted for vLLM command lines: GET /load always counts the "
                         "generation requests in flight here, with or without it")
+    tools = parser.add_argument_group("tool calling")
+    tools.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help="serve tool_choice \"auto\" (the default when a chat request "
+                       "gives tools): the model decides whether to call, and "
+                       "--tool-call-parser finds the calls in its text. \"required\" and "
+                       "named choices work without it (they constrain the output)")
+    tools.add_argument("--tool-call-parser", default=None, metavar="NAME",
+                       help="how tool calls are written in the model's output: hermes "
+                       "(<tool_call>{...}</tool_call>), llama3_json ({\"name\": ..., "
+                       "\"parameters\": ...}), another engine.tool_parsers entry, or "
+                       "module:Class")
     add_serve_logging_args(parser)
     add_engine_args(parser, skip=frozenset({"model"}))
     parser.set_defaults(handler=run, default_log_level="INFO")
@@ -157,7 +168,9 @@ def run(args: argparse.Namespace) -> int:
                                  max_request_bytes=args.max_request_bytes,
                                  public_paths=tuple(args.public_path),
                                  enable_log_requests=args.enable_log_requests,
-                                 max_log_len=args.max_log_len)
+                                 max_log_len=args.max_log_len,
+                                 enable_auto_tool_choice=args.enable_auto_tool_choice,
+                                 tool_call_parser=args.tool_call_parser)
         listen = ListenArgs(host=args.host, port=args.port,
                             graceful_timeout=args.graceful_timeout,
                             access_log=not args.disable_access_log)

@@ -18,11 +18,11 @@ content is the text before the first ``<tool_call>``.
 
 Where the output is not that tidy, nothing is lost and nothing raises: a block whose JSON
 does not parse, or has no ``name``, stays in the content as written (vLLM drops every call
-of the output then), and text after a block is content too (vLLM's streaming sends it,
-its non-streaming path drops it), unless it is only whitespace. ``arguments`` may be missing (``{}``). A block runs from
-its ``<tool_call>`` to the next ``</tool_call>``, or to the next ``<tool_call>`` or the end
-of the output if none comes first; JSON is decoded in place, so a ``</tool_call>`` inside
-an argument string does not end the block.
+of the output then), and text after a block is content too unless it is only whitespace
+(vLLM's streaming sends it, its non-streaming path drops it). ``arguments`` may be missing
+(``{}``). A block runs from its ``<tool_call>`` to the next ``</tool_call>``, or to the
+next ``<tool_call>`` or the end of the output if none comes first; JSON is decoded in
+place, so a ``</tool_call>`` inside an argument string does not end the block.
 """
 
 from __future__ import annotations
