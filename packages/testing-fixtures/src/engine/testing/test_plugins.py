@@ -20,7 +20,7 @@ PLUGINS_SOURCE = Path(__file__).resolve().parents[3] / "plugins"
 
 #: Every test plugin distribution, by directory name.
 TEST_PLUGIN_DIRS = ("good", "import-error", "not-subclass", "sdk2", "dup-a", "dup-b",
-                    "workers", "io", "kvconn", "quant")
+                    "workers", "io", "kvconn", "quant", "structured")
 
 
 def install_test_plugins(target: Path, dirs: tuple[str, ...] = TEST_PLUGIN_DIRS) -> Path:

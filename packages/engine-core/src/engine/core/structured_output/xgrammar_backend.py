@@ -37,6 +37,23 @@ def _clean(exc: BaseException) -> str:
     return _LOCATION.sub("", str(exc)).strip()
 
 
+#: xgrammar (0.2.9) writes the characters of a length-bounded JSON string (``maxLength``,
+#: ``minLength``) as this class, which lets raw control characters (U+0000-U+001F) into
+#: the string: invalid JSON, refused by ``json.loads``. Unbounded strings exclude them.
+_LOOSE_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\]'
+
+
+def _json_strings_fixed(grammar: Any) -> Any:
+    """``grammar`` with its bounded strings' characters limited as JSON requires."""
+    import xgrammar as xgr
+
+    text = str(grammar)
+    if _LOOSE_STRING_CHAR not in text:
+        return grammar
+    return xgr.Grammar.from_ebnf(text.replace(_LOOSE_STRING_CHAR, _JSON_STRING_CHAR))
+
+
 class XgrammarBackend(StructuredOutputBackend):
     """Structured outputs on xgrammar: JSON schemas, JSON objects, regexes, choices, EBNF."""
 
@@ -65,10 +82,10 @@ class XgrammarBackend(StructuredOutputBackend):
             "max_whitespace_cnt": (options.max_whitespace
                                    if isinstance(options, self.Options) else 20)}
         try:
-            if kind == "json":
-                return xgr.Grammar.from_json_schema(params.spec, **json_options)
-            if kind == "json_object":
-                return xgr.Grammar.from_json_schema('{"type": "object"}', **json_options)
+            if kind in ("json", "json_object"):
+                schema = params.spec if kind == "json" else '{"type": "object"}'
+                return _json_strings_fixed(
+                    xgr.Grammar.from_json_schema(schema, **json_options))
             if kind == "regex":
                 return xgr.Grammar.from_regex(params.spec)
             if kind == "choice":

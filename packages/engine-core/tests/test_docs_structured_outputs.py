@@ -1,0 +1,104 @@
+"""docs/plugins/structured-outputs.md: every python block runs as written.
+
+``from engine.core import LLM`` in a page block builds the tiny test checkpoint (in this
+process) instead of the default model. The page's backend, ``acme_plugins/choices.py``, is
+written to a temporary package, passes the page's tests and, installed as the page's entry
+point would install it, serves a request (and only the constrained one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import engine.core
+from engine.core import LLM
+from engine.sdk import SamplingParams, ValidationError
+from engine.sdk.groups import STRUCTURED_OUTPUT_BACKENDS
+from engine.testing.docs import code_block, code_blocks, exec_block, page_package, run_page_tests
+from engine.testing.engine import assert_kv_pool_full
+from engine.testing.test_plugins import entry_installer
+
+PAGE = "structured-outputs.md"
+OFFLINE = "# offline_structured.py"
+BACKEND = "# src/acme_plugins/choices.py"
+OFFLINE_CHOICES = "# offline_choices.py"
+TESTS = "# tests/test_choices.py"
+
+
+def test_every_block_is_run() -> None:
+    assert sorted(b.splitlines()[0] for b in code_blocks(PAGE)) == sorted(
+        [OFFLINE, BACKEND, OFFLINE_CHOICES, TESTS])
+
+
+@pytest.fixture
+def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> list[LLM]:
+    """Make ``from engine.core import LLM`` build the tiny model; returns the engines made."""
+    made: list[LLM] = []
+
+    def factory(*args: Any, **kwargs: Any) -> LLM:
+        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
+        llm = LLM(str(tiny_llama), **options)
+        made.append(llm)
+        return llm
+
+    monkeypatch.setattr(engine.core, "LLM", factory)
+    return made
+
+
+@pytest.fixture(scope="module")
+def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    modules = {"choices": code_block(PAGE, BACKEND)}
+    with page_package(tmp_path_factory.mktemp("docs"), "acme_plugins", modules) as root:
+        yield root
+
+
+@pytest.fixture
+def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]:
+    """``install(group, name, cls)``: the engine discovers ``cls`` as an installed entry."""
+    return entry_installer(monkeypatch, "acme-engine-plugins", "0.3.0")
+
+
+def test_the_offline_example_runs(tiny_llm: list[LLM]) -> None:
+    namespace = exec_block(code_block(PAGE, OFFLINE))  # its asserts check the outputs
+    outputs = namespace["outputs"]
+    assert [o.outputs[0].finish_reason for o in outputs[:3]] == ["stop"] * 3
+    [llm] = tiny_llm
+    assert llm.llm_engine.core.structured_output._matchers == {}
+
+
+def test_the_backend_passes_the_pages_tests(acme: Path, tmp_path: Path) -> None:
+    assert run_page_tests(code_block(PAGE, TESTS), "test_choices.py", tmp_path=tmp_path) == [
+        "test_a_choice_is_spelled_then_ends", "test_other_kinds_are_refused_naming_the_field"]
+
+
+def test_the_backend_serves_the_engine(acme: Path, install: Callable[[str, str, type], None],
+                                       tiny_llm: list[LLM]) -> None:
+    from acme_plugins.choices import ChoiceBackend
+
+    install(STRUCTURED_OUTPUT_BACKENDS, "acme_choice", ChoiceBackend)
+    exec_block(code_block(PAGE, OFFLINE_CHOICES))  # its asserts check the output
+    [first] = tiny_llm
+    choices = ["yes", "no", "maybe"]
+    plain = SamplingParams(temperature=0, max_tokens=8)
+    with engine.core.LLM(structured_outputs_backend="acme_choice") as llm:
+        [alone] = llm.generate("Hello", plain, use_tqdm=False)
+        outs = llm.generate(["Will it rain? ", "Hello"], [SamplingParams(
+            temperature=0, max_tokens=8, structured_outputs={"choice": choices}), plain],
+            use_tqdm=False)
+        assert outs[0].outputs[0].text in choices
+        assert outs[1].outputs[0].token_ids == alone.outputs[0].token_ids
+        with pytest.raises(ValidationError, match="structured_outputs.json is not served by "
+                           "acme_choice; it serves structured_outputs.choice only"):
+            llm.generate("x", SamplingParams(structured_outputs={"json": {"type": "object"}}),
+                         use_tqdm=False)
+        with pytest.raises(ValidationError, match="acme_choice takes at most 64"):
+            llm.generate("x", SamplingParams(structured_outputs={
+                "choice": [str(i) for i in range(65)]}), use_tqdm=False)
+        backend = llm.llm_engine.core.structured_output._backend
+        assert isinstance(backend, ChoiceBackend)  # EngineCore's, built on first use
+        assert_kv_pool_full(llm)
+    assert first.llm_engine.core.structured_output._backend.options.max_choices == 16
