@@ -16,8 +16,10 @@ import pytest
 
 import engine.core
 from engine.core import LLM
+from engine.core.engine.engine_core import EngineCore
 from engine.sdk import SamplingParams, ValidationError
 from engine.sdk.groups import STRUCTURED_OUTPUT_BACKENDS
+from engine.sdk.structured_output import StructuredOutputsParams
 from engine.testing.docs import code_block, code_blocks, exec_block, page_package, run_page_tests
 from engine.testing.engine import assert_kv_pool_full
 from engine.testing.test_plugins import entry_installer
@@ -67,7 +69,7 @@ def test_the_offline_example_runs(tiny_llm: list[LLM]) -> None:
     outputs = namespace["outputs"]
     assert [o.outputs[0].finish_reason for o in outputs[:3]] == ["stop"] * 3
     [llm] = tiny_llm
-    assert llm.llm_engine.core.structured_output._matchers == {}
+    assert core_of(llm).structured_output._matchers == {}
 
 
 def test_the_backend_passes_the_pages_tests(acme: Path, tmp_path: Path) -> None:
@@ -82,23 +84,49 @@ def test_the_backend_serves_the_engine(acme: Path, install: Callable[[str, str, 
     install(STRUCTURED_OUTPUT_BACKENDS, "acme_choice", ChoiceBackend)
     exec_block(code_block(PAGE, OFFLINE_CHOICES))  # its asserts check the output
     [first] = tiny_llm
-    choices = ["yes", "no", "maybe"]
+    choices = ("yes", "no", "maybe")
     plain = SamplingParams(temperature=0, max_tokens=8)
     with engine.core.LLM(structured_outputs_backend="acme_choice") as llm:
         [alone] = llm.generate("Hello", plain, use_tqdm=False)
         outs = llm.generate(["Will it rain? ", "Hello"], [SamplingParams(
-            temperature=0, max_tokens=8, structured_outputs={"choice": choices}), plain],
+            temperature=0, max_tokens=8,
+            structured_outputs=StructuredOutputsParams(choice=choices)), plain],
             use_tqdm=False)
         assert outs[0].outputs[0].text in choices
         assert outs[1].outputs[0].token_ids == alone.outputs[0].token_ids
         with pytest.raises(ValidationError, match="structured_outputs.json is not served by "
                            "acme_choice; it serves structured_outputs.choice only"):
-            llm.generate("x", SamplingParams(structured_outputs={"json": {"type": "object"}}),
-                         use_tqdm=False)
+            llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(
+                json={"type": "object"})), use_tqdm=False)
         with pytest.raises(ValidationError, match="acme_choice takes at most 64"):
-            llm.generate("x", SamplingParams(structured_outputs={
-                "choice": [str(i) for i in range(65)]}), use_tqdm=False)
-        backend = llm.llm_engine.core.structured_output._backend
+            llm.generate("x", SamplingParams(structured_outputs=StructuredOutputsParams(
+                choice=tuple(str(i) for i in range(65)))), use_tqdm=False)
+        backend = core_of(llm).structured_output._backend
         assert isinstance(backend, ChoiceBackend)  # EngineCore's, built on first use
         assert_kv_pool_full(llm)
-    assert first.llm_engine.core.structured_output._backend.options.max_choices == 16
+    first_backend = core_of(first).structured_output._backend
+    assert isinstance(first_backend, ChoiceBackend)
+    assert first_backend.options.max_choices == 16  # the page's plugin_options
+
+
+def core_of(llm: LLM) -> EngineCore:
+    core = llm.llm_engine.core
+    assert isinstance(core, EngineCore)
+    return core
+
+
+def test_the_errors_shown_are_what_the_engine_says(tiny_llm: list[LLM]) -> None:
+    from engine.testing.docs import PLUGIN_DOCS
+
+    page = (PLUGIN_DOCS / PAGE).read_text()
+    shown = page.split("## Errors", 1)[1].split("```text\n", 1)[1].split("```", 1)[0]
+    specs: list[dict[str, Any]] = [{"regex": "(ab"}, {"grammar": "root ::= foo"},
+                                   {"json": {"type": "nope"}}, {"json_object": True, "regex": "a"}]
+    said = []
+    with engine.core.LLM() as llm:
+        for spec in specs:
+            with pytest.raises(ValidationError) as info:
+                llm.generate("x", SamplingParams(
+                    structured_outputs=StructuredOutputsParams(**spec)), use_tqdm=False)
+            said.append(str(info.value))
+    assert said == shown.splitlines()

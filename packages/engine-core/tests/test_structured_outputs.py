@@ -3,8 +3,8 @@
 One in-process engine (the built-in ``xgrammar`` backend) serves most scenarios, greedy;
 after each, every KV block is free again and EngineCore holds no matcher and no pending
 compile. A backend that raises (registered from this module) fails only the constrained
-requests; ``test_digits`` (``engine-test-plugin-structured``) proves a selected backend is
-what serves them; TP=2 on the ``mp`` executor sends the bitmask over the worker wire.
+requests; TP=2 on the ``mp`` executor sends the bitmask over the worker wire. A plugin
+backend selected by name: ``test_structured_output_plugin.py``.
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ import pytest
 import torch
 
 from engine.core import LLM, SamplingParams
+from engine.core.engine.engine_core import EngineCore
 from engine.core.rpc.worker_convert import scheduler_output_from_proto, scheduler_output_to_proto
 from engine.core.structured_output.xgrammar_backend import XgrammarBackend
-from engine.sdk import PluginError, ValidationError
+from engine.sdk import ValidationError
 from engine.sdk.groups import STRUCTURED_OUTPUT_BACKENDS
 from engine.sdk.scheduler import CachedRequestData, EngineRequest, SchedulerOutput
 from engine.sdk.structured_output import (
@@ -51,14 +52,14 @@ SCHEMA = {
     "additionalProperties": False,
 }
 REGEX = r"[a-z]{2,5}@[0-9]{2}\.(com|org)"
-CHOICES = ["alpha", "beta", "gamma delta"]
+CHOICES = ("alpha", "beta", "gamma delta")
 GRAMMAR = 'root ::= "(" num ("+" num){0,3} ")"\nnum ::= [1-9] [0-9]?'
 GRAMMAR_RE = r"\([1-9][0-9]?(\+[1-9][0-9]?){0,3}\)"
 
 
 def greedy(max_tokens: int = 16, **structured: Any) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=max_tokens,
-                          structured_outputs=structured or None)
+    return SamplingParams(temperature=0, max_tokens=max_tokens, structured_outputs=(
+        StructuredOutputsParams(**structured) if structured else None))
 
 
 def generate(llm: LLM, prompts: Sequence[str], params: SamplingParams | list[SamplingParams],
@@ -67,10 +68,17 @@ def generate(llm: LLM, prompts: Sequence[str], params: SamplingParams | list[Sam
     return [o.outputs[0] for o in llm.generate(list(prompts), params, use_tqdm=False)]
 
 
+def core_of(llm: LLM) -> EngineCore:
+    """The engine's EngineCore (in this process)."""
+    core = llm.llm_engine.core
+    assert isinstance(core, EngineCore)
+    return core
+
+
 def assert_clean(llm: LLM) -> None:
     """The pool is full again and EngineCore keeps nothing of a constrained request."""
     assert_kv_pool_full(llm)
-    manager = llm.llm_engine.core.structured_output
+    manager = core_of(llm).structured_output
     assert not manager.has_pending()
     assert manager._matchers == {}
 
@@ -145,7 +153,7 @@ def test_unconstrained_requests_keep_their_tokens_in_a_mixed_batch(
 
 def test_n2_seeded_sampling_gives_two_valid_choices(llm: LLM) -> None:
     params = SamplingParams(temperature=1.0, seed=7, n=2, max_tokens=24,
-                            structured_outputs={"regex": REGEX})
+                            structured_outputs=StructuredOutputsParams(regex=REGEX))
     [out] = llm.generate(PROMPTS[0], params, use_tqdm=False)
     again = llm.generate(PROMPTS[0], params, use_tqdm=False)[0]
     assert [c.index for c in out.outputs] == [0, 1]
@@ -157,11 +165,35 @@ def test_n2_seeded_sampling_gives_two_valid_choices(llm: LLM) -> None:
 
 def test_ignore_eos_stops_when_the_grammar_is_complete(llm: LLM) -> None:
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True,
-                            structured_outputs={"choice": CHOICES})
+                            structured_outputs=StructuredOutputsParams(choice=CHOICES))
     for out in generate(llm, PROMPTS, params):
         assert out.finish_reason == "stop" and out.text in CHOICES
         assert len(out.token_ids) < 32
     assert_clean(llm)
+
+
+@pytest.mark.parametrize("options", [
+    {"num_kv_blocks": 16, "max_model_len": 48},  # 64 tokens for ~90: someone is preempted
+    {"max_num_batched_tokens": 4, "max_num_seqs": 2},  # prompts prefilled in chunks
+], ids=["preemption", "chunked-prefill"])
+def test_constrained_tokens_survive_preemption_and_chunked_prefill(
+        llm: LLM, tiny_llama: Path, options: dict[str, Any]) -> None:
+    params = [greedy(24, regex=REGEX), greedy(24, grammar=GRAMMAR), greedy(choice=CHOICES),
+              SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)]
+    reference = [o.token_ids for o in generate(llm, PROMPTS, params)]
+    with LLM(str(tiny_llama), plugins="none", **{**OPTIONS, **options}) as small:
+        scheduler = core_of(small).scheduler
+        schedule, preempted = scheduler.schedule, list[str]()
+
+        def counting() -> SchedulerOutput:
+            out = schedule()
+            preempted.extend(out.preempted_req_ids)
+            return out
+
+        scheduler.schedule = counting  # type: ignore[method-assign]
+        assert [o.token_ids for o in generate(small, PROMPTS, params)] == reference
+        assert bool(preempted) is ("num_kv_blocks" in options)
+        assert_clean(small)
 
 
 # -- front-end validation -----------------------------------------------------------------------
@@ -178,9 +210,8 @@ def test_ignore_eos_stops_when_the_grammar_is_complete(llm: LLM) -> None:
 def test_an_invalid_spec_is_refused_at_generate(llm: LLM, spec: dict[str, Any], param: str,
                                                message: str) -> None:
     with pytest.raises(ValidationError, match=message) as info:
-        llm.generate([PROMPTS[0], PROMPTS[1]],
-                     [greedy(), SamplingParams(max_tokens=4, structured_outputs=spec)],
-                     use_tqdm=False)
+        llm.generate([PROMPTS[0], PROMPTS[1]], [greedy(), SamplingParams(
+            max_tokens=4, structured_outputs=StructuredOutputsParams(**spec))], use_tqdm=False)
     assert info.value.param == param
     assert str(info.value).startswith(f"{param} ")
     assert not re.search(r"\[\d+:\d+:\d+\]|\.cc:\d+", str(info.value))
@@ -192,7 +223,7 @@ def test_an_invalid_spec_is_refused_at_generate(llm: LLM, spec: dict[str, Any], 
 @pytest.fixture
 def held_compiles(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[threading.Event]:
     """Every grammar compile waits until the returned event is set."""
-    manager = llm.llm_engine.core.structured_output
+    manager = core_of(llm).structured_output
     gate = threading.Event()
     compile_matcher = manager._matcher
 
@@ -208,7 +239,7 @@ def held_compiles(llm: LLM, monkeypatch: pytest.MonkeyPatch) -> Iterator[threadi
 def test_abort_while_the_grammar_compiles(llm: LLM, plain: list[list[int]],
                                           held_compiles: threading.Event) -> None:
     engine = llm.llm_engine
-    core = engine.core
+    core = core_of(llm)
     manager = core.structured_output
     unconstrained = engine.add_request("p", PROMPTS[0], greedy())
     engine.add_request("c", PROMPTS[1], greedy(regex="[0-9]{40}"))  # a spec not cached yet
@@ -236,7 +267,7 @@ def test_abort_while_the_grammar_compiles(llm: LLM, plain: list[list[int]],
 
 def test_abort_mid_generation_and_finish_drop_the_matcher(llm: LLM) -> None:
     engine = llm.llm_engine
-    manager = engine.core.structured_output
+    manager = core_of(llm).structured_output
     aborted = engine.add_request("a", PROMPTS[0], greedy(64, regex="[a-z]{60}"))
     finished = engine.add_request("f", PROMPTS[1], greedy(choice=CHOICES))
     while not finished.finished:
@@ -324,75 +355,22 @@ def test_a_raising_backend_fails_only_the_constrained_requests(
     assert_clean(faulty_llm)
 
 
-# -- a selected plugin backend serves the constrained requests ----------------------------------
+# -- the spec over the EngineCore wire, the bitmask over the worker wire ------------------------
 
-@pytest.fixture
-def digit_calls(plugins_on_path: Path) -> Iterator[Any]:
-    from engine_test_plugin_structured import CALLS
+@pytest.mark.parametrize("spec", [
+    {"json": SCHEMA, "disable_any_whitespace": True}, {"json_object": True}, {"regex": REGEX},
+    {"choice": CHOICES}, {"grammar": GRAMMAR}])
+def test_sampling_params_round_trip_keeps_the_spec(spec: dict[str, Any]) -> None:
+    from engine.core.rpc import convert
 
-    CALLS.clear()
-    yield CALLS
+    params = SamplingParams(temperature=0, max_tokens=8,
+                            structured_outputs=StructuredOutputsParams(**spec))
+    msg = convert.sampling_params_to_proto(params)
+    back = convert.sampling_params_from_proto(type(msg).FromString(msg.SerializeToString()))
+    assert back == params
+    assert back.structured_outputs is not None
+    assert back.structured_outputs.key == StructuredOutputsParams(**spec).key
 
-
-def test_the_selected_backend_serves_constrained_requests_only(
-        tiny_llama: Path, digit_calls: Any, plain: list[list[int]]) -> None:
-    with LLM(str(tiny_llama), plugins="engine-test-plugin-structured",
-             structured_outputs_backend="test_digits",
-             plugin_options={"test_digits": {"min_digits": 5}}, **OPTIONS) as llm:
-        assert [o.token_ids for o in generate(llm, PROMPTS, greedy())] == plain
-        # Unconstrained requests never reach the backend; EngineCore has not even built it.
-        assert dict(digit_calls) == {"init.frontend": 1}
-        outs = generate(llm, PROMPTS[:2], [greedy(regex="ignored"), greedy()])
-        assert outs[0].text.isdigit() and len(outs[0].text) >= 5, outs[0]
-        assert outs[1].token_ids == plain[1]
-        assert digit_calls["init.engine_core"] == 1
-        assert digit_calls["validate"] == 1 and digit_calls["compile"] == 1
-        assert digit_calls["fill_bitmask"] >= len(outs[0].token_ids)
-        assert digit_calls["accept_tokens"] == len(outs[0].token_ids)
-        with pytest.raises(ValidationError, match="structured_outputs.json is not served by "
-                           "the test_digits backend; it serves structured_outputs.regex only"):
-            llm.generate(PROMPTS[0], greedy(json=SCHEMA), use_tqdm=False)
-        assert_clean(llm)
-    assert digit_calls["shutdown"] == 1  # EngineCore's backend; the front end's is never used
-
-
-def test_the_digits_matcher_allows_eos_after_min_digits(tiny_llama: Path,
-                                                        plugins_on_path: Path) -> None:
-    from transformers import AutoTokenizer
-
-    from engine.core.structured_output.bitmask import allowed_tokens
-    from engine.sdk.structured_output import StructuredOutputContext
-    from engine_test_plugin_structured import DigitsBackend
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_llama)
-    backend = DigitsBackend(StructuredOutputContext(
-        plugin_name="test_digits", options=DigitsBackend.Options(min_digits=2),
-        tokenizer=tokenizer, vocab_size=512, eos_token_ids=(2,)))
-    matcher = backend.matcher(backend.compile(StructuredOutputsParams(regex="x")))
-    digits = tokenizer.encode("0123456789", add_special_tokens=False)
-
-    def allowed() -> list[int]:
-        bitmask = torch.zeros((1, 16), dtype=torch.int32)
-        backend.fill_bitmask([matcher], bitmask)
-        return allowed_tokens(bitmask, 512)[0].nonzero().flatten().tolist()
-
-    assert allowed() == sorted(digits)
-    assert matcher.accept_tokens(digits[:1]) and allowed() == sorted(digits)
-    assert not matcher.accept_tokens([2])  # one digit is not enough
-    assert matcher.accept_tokens(digits[1:2]) and allowed() == sorted([2, *digits])
-    assert matcher.accept_tokens([2]) and matcher.is_terminated()
-    matcher.rollback(1)
-    assert not matcher.is_terminated()
-
-
-def test_an_unknown_backend_stops_start_up(tiny_llama: Path, plugins_on_path: Path) -> None:
-    with pytest.raises(PluginError, match="no plugin named 'test_nope' in group "
-                       "engine.structured_output_backends. Available: .*test_digits"):
-        LLM(str(tiny_llama), plugins="engine-test-plugin-structured",
-            structured_outputs_backend="test_nope", **OPTIONS)
-
-
-# -- the bitmask over the worker wire -----------------------------------------------------------
 
 def test_scheduler_output_round_trip_keeps_the_grammar_bitmask() -> None:
     bitmask = torch.tensor([[0, -1, 1 << 30], [-(1 << 31), 5, 0]], dtype=torch.int32)
@@ -415,6 +393,6 @@ def test_tp2_on_mp_gives_the_constrained_tokens_of_uni(tiny_llama: Path, llm: LL
               greedy(96, json=SCHEMA, disable_any_whitespace=True)]
     reference = [o.token_ids for o in generate(llm, PROMPTS, params)]
     with LLM(str(tiny_llama), plugins="none", tensor_parallel_size=2, **OPTIONS) as tp2:
-        assert tp2.llm_engine.core.executor.backend == "mp"
+        assert core_of(tp2).executor.backend == "mp"
         assert [o.token_ids for o in generate(tp2, PROMPTS, params)] == reference
         assert_clean(tp2)

@@ -39,8 +39,9 @@ def tokenizer(tiny_llama: Path) -> Any:
 @pytest.fixture(scope="module")
 def backend(tokenizer: Any) -> XgrammarBackend:
     return XgrammarBackend(StructuredOutputContext(
-        plugin_name="xgrammar", options=XgrammarBackend.Options(), process="engine_core",
-        model="tiny", tokenizer=tokenizer, vocab_size=VOCAB, eos_token_ids=(EOS,)))
+        plugin_name="xgrammar", options=XgrammarBackend.Options.model_validate({}),
+        process="engine_core", model="tiny", tokenizer=tokenizer, vocab_size=VOCAB,
+        eos_token_ids=(EOS,)))
 
 
 def ids(tokenizer: Any, text: str) -> list[int]:
@@ -60,14 +61,15 @@ def allowed(m: StructuredOutputMatcher) -> set[int]:
             if (word >> j) & 1}
 
 
-def test_bitmask_layout_is_one_bit_per_token_in_32_bit_words(backend, tokenizer) -> None:
+def test_bitmask_layout_is_one_bit_per_token_in_32_bit_words(backend: XgrammarBackend,
+        tokenizer: Any) -> None:
     m = matcher(backend, regex="[ab]")
     a, b = ids(tokenizer, "ab")
     assert allowed(m) == {a, b}
     bitmask = torch.zeros((2, WORDS), dtype=torch.int32)
     m.fill_bitmask(bitmask, 1)  # only the row asked for is written
     assert not bitmask[0].any()
-    assert bitmask[1, a // 32].item() & (1 << (a % 32))
+    assert int(bitmask[1, a // 32]) & (1 << (a % 32))
     assert allowed_tokens(bitmask, VOCAB)[1].nonzero().flatten().tolist() == [a, b]
     assert m.accept_tokens([a])
     assert allowed(m) == {EOS}  # the grammar is complete: only end of sequence
@@ -76,7 +78,8 @@ def test_bitmask_layout_is_one_bit_per_token_in_32_bit_words(backend, tokenizer)
     assert m.is_terminated()
 
 
-def test_a_refused_token_leaves_the_matcher_as_before(backend, tokenizer) -> None:
+def test_a_refused_token_leaves_the_matcher_as_before(backend: XgrammarBackend,
+        tokenizer: Any) -> None:
     m = matcher(backend, regex="abc")
     a, b, x = ids(tokenizer, "abx")
     assert not m.accept_tokens([a, b, x])  # a and b fit, x does not: all three undone
@@ -85,7 +88,8 @@ def test_a_refused_token_leaves_the_matcher_as_before(backend, tokenizer) -> Non
     assert allowed(m) == set(ids(tokenizer, "c"))
 
 
-def test_rollback_undoes_accepted_tokens(backend, tokenizer) -> None:
+def test_rollback_undoes_accepted_tokens(backend: XgrammarBackend,
+        tokenizer: Any) -> None:
     m = matcher(backend, regex="ab(c|d)")
     assert m.accept_tokens(ids(tokenizer, "abc"))
     assert allowed(m) == {EOS}
@@ -95,7 +99,8 @@ def test_rollback_undoes_accepted_tokens(backend, tokenizer) -> None:
     assert allowed(m) == set(ids(tokenizer, "a"))
 
 
-def test_choice_json_and_grammar_allow_what_their_spec_says(backend, tokenizer) -> None:
+def test_choice_json_and_grammar_allow_what_their_spec_says(backend: XgrammarBackend,
+        tokenizer: Any) -> None:
     assert allowed(matcher(backend, choice=["yes", "no"])) == set(ids(tokenizer, "yn"))
     assert allowed(matcher(backend, json_object=True, disable_any_whitespace=True)) == set(
         ids(tokenizer, "{"))
@@ -106,10 +111,23 @@ def test_choice_json_and_grammar_allow_what_their_spec_says(backend, tokenizer) 
     assert allowed(m) == set(ids(tokenizer, "0123456789"))
 
 
-def test_tokens_beyond_the_tokenizer_are_never_allowed(backend) -> None:
+def test_tokens_beyond_the_tokenizer_are_never_allowed(backend: XgrammarBackend) -> None:
     # A string may hold almost any byte; ids 259..511 have no text and stay disallowed.
     everything = allowed(matcher(backend, regex="(.|\n)*"))
     assert everything and max(everything) < 259
+
+
+@pytest.mark.parametrize("schema", [{"type": "string"}, {"type": "string", "maxLength": 3},
+                                    {"type": "string", "minLength": 1}])
+def test_json_strings_refuse_raw_control_characters(backend: XgrammarBackend,
+                                                    tokenizer: Any, schema: Any) -> None:
+    m = matcher(backend, json=schema)
+    assert m.accept_tokens(ids(tokenizer, '"'))
+    inside = allowed(m)
+    assert set(ids(tokenizer, "aZ7 <")) <= inside
+    assert not inside & set(ids(tokenizer, "".join(map(chr, range(32)))))  # JSON escapes them
+    # An escape is fine, except in a length-bounded string (xgrammar 0.2 has none there).
+    assert m.accept_tokens(ids(tokenizer, "\\n")) is (len(schema) == 1)
 
 
 @pytest.mark.parametrize(("spec", "param", "message"), [
@@ -139,7 +157,7 @@ def test_validate_names_the_field_without_xgrammars_prefix(spec: dict[str, Any],
     assert not re.search(r"\[\d+:\d+:\d+\]|\.cc:\d+", str(info.value))
 
 
-def test_compile_refuses_the_same_specs(backend) -> None:
+def test_compile_refuses_the_same_specs(backend: XgrammarBackend) -> None:
     with pytest.raises(ValidationError, match="^structured_outputs.regex is not a valid regex"):
         backend.compile(StructuredOutputsParams(regex="a{2,1}"))
 
@@ -180,7 +198,8 @@ def test_apply_with_no_row_in_the_batch_changes_nothing() -> None:
     assert torch.equal(logits, before)
 
 
-def test_a_sampled_row_follows_the_mask(backend, tokenizer) -> None:
+def test_a_sampled_row_follows_the_mask(backend: XgrammarBackend,
+        tokenizer: Any) -> None:
     m = matcher(backend, choice=["yes", "no"])
     bitmask = torch.zeros((1, WORDS), dtype=torch.int32)
     m.fill_bitmask(bitmask, 0)

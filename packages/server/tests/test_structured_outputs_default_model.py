@@ -14,7 +14,7 @@ import openai
 import pytest
 
 from engine.core.model_loader.default_model import default_model_path
-from engine.testing.server import RemoteServer, running_server
+from engine.testing.server import running_server
 
 SCHEMA = {
     "type": "object",
