@@ -4,8 +4,9 @@ The mask becomes an additive bias: each byte of the bitmask indexes a ``[256, 8]
 of ``0`` / ``-inf`` (bit ``j`` of a byte is its ``j``-th token), so one ``index_select``
 and one add replace unpacking bits and a masked fill (64 x 49,152 fp32 logits: ~2 ms
 against ~24 ms for unpacking the bits, and ~7.5 ms for
-``xgrammar.apply_token_bitmask_inplace``, measured on 2 Zen 4 cores). The bitmask's int32 words are little-endian, so byte ``k`` of
-word ``i`` holds tokens ``32 * i + 8 * k`` to ``32 * i + 8 * k + 7``.
+``xgrammar.apply_token_bitmask_inplace``, measured on 2 Zen 4 cores). The bitmask's int32
+words are little-endian, so byte ``k`` of word ``i`` holds tokens ``32 * i + 8 * k`` to
+``32 * i + 8 * k + 7``.
 """
 
 from __future__ import annotations
