@@ -41,6 +41,12 @@ _TESTS = "packages/engine-core/tests/"
 #: page -> first line of each python block -> the test module (from the repository root)
 #: that runs it.
 RUN_BY: dict[str, dict[str, str]] = {
+    "structured-outputs.md": {
+        "# offline_choices.py": _TESTS + "test_docs_structured_outputs.py",
+        "# offline_structured.py": _TESTS + "test_docs_structured_outputs.py",
+        "# src/acme_plugins/choices.py": _TESTS + "test_docs_structured_outputs.py",
+        "# tests/test_choices.py": _TESTS + "test_docs_structured_outputs.py",
+    },
     "tool-parsers.md": {
         "# src/acme_plugins/brackets.py": "packages/server/tests/test_docs_tool_parsers.py",
         "# tests/test_brackets.py": "packages/server/tests/test_docs_tool_parsers.py",

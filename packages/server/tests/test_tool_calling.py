@@ -18,6 +18,7 @@ import openai
 import pytest
 
 from engine.testing.server import RemoteServer, running_server
+from engine.testing.test_plugins import env_with_plugins, install_test_plugins
 
 WEATHER = {
     "type": "object",
@@ -69,8 +70,8 @@ def _streamed_calls(client: openai.OpenAI, **kwargs: Any
                 entry[0] += delta.id or ""
                 entry[1] += delta.function.name or ""
                 entry[2] += delta.function.arguments or ""
-    for _id, _, _ in calls.values():
-        assert _id.startswith("call_")
+    for call_id, _, _ in calls.values():
+        assert call_id, "a streamed call's first delta carries its id"
     return [(name, args) for _, name, args in (calls[i] for i in sorted(calls))], content, finish
 
 
@@ -169,3 +170,50 @@ def test_bad_tool_fields_are_a_400_naming_them(client: openai.OpenAI, extra: dic
     assert isinstance(body, dict)
     assert body["param"] == param, body
     assert words in body["message"], body
+
+
+@pytest.fixture(scope="module")
+def echo_client(tiny_llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory
+                ) -> Iterator[openai.OpenAI]:
+    """A server whose --tool-call-parser is the test plugin's ``test_echo``."""
+    target = install_test_plugins(tmp_path_factory.mktemp("tool-parser"), ("structured",))
+    with running_server(tiny_llama_checkpoint, [
+            "--plugins", "engine-test-plugin-structured", "--enable-auto-tool-choice",
+            "--tool-call-parser", "test_echo"], served_model_name="tiny",
+            env=env_with_plugins(target)) as remote:
+        yield openai.OpenAI(base_url=remote.url_for("v1"), api_key="x", max_retries=0)
+
+
+def test_a_plugin_tool_parser_is_reached_and_selective(echo_client: openai.OpenAI) -> None:
+    extra = {"guided_regex": "CALL:[a-z]{3};"}
+    choice = _chat(echo_client, extra_body=extra).choices[0]
+    (call,) = choice.message.tool_calls
+    assert call.id == "echo_3" and call.function.name == "get_weather"
+    text = json.loads(call.function.arguments)["text"]
+    assert len(text) == 3 and text.isalpha()
+    assert choice.finish_reason == "tool_calls"
+    calls, content, _ = _streamed_calls(echo_client, extra_body=extra)
+    assert calls == [("get_weather", call.function.arguments)] and content == ""
+    # Not reached: no tools, or tool_choice "none" (the same constrained text stays content).
+    plain = echo_client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=10,
+        extra_body=extra).choices[0]
+    assert plain.message.content.startswith("CALL:") and not plain.message.tool_calls
+    none = _chat(echo_client, tool_choice="none", extra_body=extra).choices[0]
+    assert none.message.content == plain.message.content and not none.message.tool_calls
+
+
+def test_a_failing_tool_parser_fails_only_its_request(echo_client: openai.OpenAI) -> None:
+    extra = {"guided_regex": "CALL:fail;"}
+    with pytest.raises(openai.InternalServerError) as info:
+        _chat(echo_client, extra_body=extra)
+    body = info.value.body
+    assert isinstance(body, dict) and body["code"] == "plugin_error"
+    assert "plugin 'test_echo' (group engine.tool_parsers" in body["message"]
+    assert "RuntimeError: asked to fail" in body["message"]
+    stream = _chat(echo_client, extra_body=extra, stream=True)
+    with pytest.raises(openai.APIError, match="test_echo"):
+        for _ in stream:
+            pass
+    ok = _chat(echo_client, extra_body={"guided_regex": "CALL:ok;"}).choices[0]
+    assert ok.message.tool_calls[0].id == "echo_2"

@@ -70,8 +70,10 @@ def apply_grammar_bitmask(logits: torch.Tensor, grammar: GrammarBitmask,
     # than the lookup itself.
     buffer = _BUFFERS.get((logits.dtype, logits.device))
     if buffer is None or buffer.numel() < positions.numel() * 8:
-        buffer = _BUFFERS[(logits.dtype, logits.device)] = torch.empty(
-            positions.numel() * 8, dtype=logits.dtype, device=logits.device)
+        # A normal tensor (not an inference one), writable in and out of inference mode.
+        with torch.inference_mode(False):
+            buffer = _BUFFERS[(logits.dtype, logits.device)] = torch.empty(
+                positions.numel() * 8, dtype=logits.dtype, device=logits.device)
     bias = buffer[: positions.numel() * 8].view(-1, 8)
     torch.index_select(table, 0, positions, out=bias)
     bias = bias.view(len(rows), -1)[:, :vocab]

@@ -23,8 +23,9 @@ from engine.server.cli._help import with_default
 
 #: Fields with a hand-written flag (or none): the model is positional for serve/generate.
 _SPECIAL = {"plugin_options", "logits_processors", "worker_extensions", "kv_connector_options"}
-#: vLLM's short spellings.
-_SHORT = {"tensor_parallel_size": "-tp"}
+#: vLLM's other spellings: short ones, and the older name of the structured-output backend.
+_SHORT = {"tensor_parallel_size": "-tp",
+          "structured_outputs_backend": "--guided-decoding-backend"}
 
 
 def _base_type(annotation: Any) -> Any:
