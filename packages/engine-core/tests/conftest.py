@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -26,3 +28,39 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from engine.testing.models import build_tiny_checkpoint
 
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2")
+
+
+class TinyLLMFactory:
+    """Stands in for ``engine.core.LLM`` in a docs page's blocks: the tiny checkpoint, fast.
+
+    Whatever model a block names, the engine is the tiny Llama in process (float32, 32 KV
+    blocks); its keyword arguments win. ``made`` lists the engines built, in order.
+    """
+
+    def __init__(self, model: Path) -> None:
+        self.model = model
+        self.made: list[Any] = []
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        from engine.core.llm import LLM  # the class itself: engine.core.LLM is this factory
+
+        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
+        self.made.append(LLM(str(self.model), **options))
+        return self.made[-1]
+
+
+@pytest.fixture
+def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[TinyLLMFactory]:
+    """``from engine.core import LLM`` in a page block builds the tiny test checkpoint.
+
+    Every installed plugin is allowed (``ENGINE_PLUGINS`` unset) while the test runs; the
+    engines built are shut down after it.
+    """
+    import engine.core
+
+    factory = TinyLLMFactory(tiny_llama)
+    monkeypatch.setattr(engine.core, "LLM", factory, raising=False)
+    monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
+    yield factory
+    for llm in factory.made:
+        llm.shutdown()

@@ -24,7 +24,6 @@ from typing import Any
 import pytest
 
 import engine.core
-from engine.core import LLM
 from engine.core.plugins import _catalog
 from engine.testing.docs import (
     PLUGIN_DOCS,
@@ -191,26 +190,6 @@ def test_the_entry_point_is_the_one_the_page_registers(page: str) -> None:
     assert f'[project.entry-points."{group}"]\n{name} = "{value}"' in text
 
 
-@pytest.fixture
-def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> list[LLM]:
-    """``from engine.core import LLM`` in a page block builds the tiny test checkpoint."""
-    made: list[LLM] = []
-
-    def factory(model: str, **kwargs: Any) -> LLM:
-        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
-        made.append(LLM(str(tiny_llama), **options))
-        return made[-1]
-
-    monkeypatch.setattr(engine.core, "LLM", factory, raising=False)
-    monkeypatch.delenv("ENGINE_PLUGINS", raising=False)
-    yield made
-    for llm in made:
-        llm.shutdown()
-
-
-# -- general-plugins.md -------------------------------------------------------------------
-
-
 def test_the_general_plugins_page_test_passes(acme: Path, tmp_path: Path) -> None:
     assert run_page_tests(code_block("general-plugins.md", "# tests/test_register.py"),
                           "test_register.py", tmp_path=tmp_path) == [
@@ -218,7 +197,7 @@ def test_the_general_plugins_page_test_passes(acme: Path, tmp_path: Path) -> Non
 
 
 def test_a_starting_engine_calls_the_general_plugin_once_per_process(
-        acme: Path, tiny_llm: list[LLM], monkeypatch: pytest.MonkeyPatch) -> None:
+        acme: Path, tiny_llm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from acme_plugins.config import AcmeMLPConfig
     from transformers import AutoConfig
 
@@ -241,11 +220,11 @@ def test_a_starting_engine_calls_the_general_plugin_once_per_process(
 # -- worker-extensions.md: the script -----------------------------------------------------
 
 
-def test_the_worker_extensions_script_runs(acme: Path, tiny_llm: list[LLM],
+def test_the_worker_extensions_script_runs(acme: Path, tiny_llm: Any,
                                            capsys: pytest.CaptureFixture[str]) -> None:
     exec_block(code_block("worker-extensions.md", "from engine.core import LLM"),
                {"__name__": "__main__"}, "serve_diagnostics.py")
-    assert len(tiny_llm) == 1
+    assert len(tiny_llm.made) == 1
     memory, changed = capsys.readouterr().out.splitlines()
     assert [m["rank"] for m in ast.literal_eval(memory)] == [0, 1]
     assert ast.literal_eval(changed) == [False, False]

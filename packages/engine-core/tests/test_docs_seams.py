@@ -69,22 +69,6 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]
     return entry_installer(monkeypatch, "acme-docs", "0.1")
 
 
-@pytest.fixture
-def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Any]:
-    """Make ``from engine.core import LLM`` in a page block build the tiny test model."""
-    made: list[LLM] = []
-
-    def factory(*args: Any, **kwargs: Any) -> LLM:
-        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
-        llm = LLM(str(tiny_llama), **options)
-        made.append(llm)
-        return llm
-
-    monkeypatch.setattr(engine.core, "LLM", factory, raising=False)
-    factory.made = made  # type: ignore[attr-defined]
-    return factory
-
-
 def exec_block(source: str, namespace: dict[str, Any] | None = None) -> dict[str, Any]:
     namespace = namespace if namespace is not None else {"__name__": "page_block"}
     exec(compile(source, "page_block.py", "exec"), namespace)

@@ -36,21 +36,6 @@ def test_every_block_is_run() -> None:
         [OFFLINE, BACKEND, OFFLINE_CHOICES, TESTS])
 
 
-@pytest.fixture
-def tiny_llm(tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> list[LLM]:
-    """Make ``from engine.core import LLM`` build the tiny model; returns the engines made."""
-    made: list[LLM] = []
-
-    def factory(*args: Any, **kwargs: Any) -> LLM:
-        options = {"dtype": "float32", "in_process": True, "num_kv_blocks": 32, **kwargs}
-        llm = LLM(str(tiny_llama), **options)
-        made.append(llm)
-        return llm
-
-    monkeypatch.setattr(engine.core, "LLM", factory)
-    return made
-
-
 @pytest.fixture(scope="module")
 def acme(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     modules = {"choices": code_block(PAGE, BACKEND)}
@@ -64,11 +49,11 @@ def install(monkeypatch: pytest.MonkeyPatch) -> Callable[[str, str, type], None]
     return entry_installer(monkeypatch, "acme-engine-plugins", "0.3.0")
 
 
-def test_the_offline_example_runs(tiny_llm: list[LLM]) -> None:
+def test_the_offline_example_runs(tiny_llm: Any) -> None:
     namespace = exec_block(code_block(PAGE, OFFLINE))  # its asserts check the outputs
     outputs = namespace["outputs"]
     assert [o.outputs[0].finish_reason for o in outputs[:3]] == ["stop"] * 3
-    [llm] = tiny_llm
+    [llm] = tiny_llm.made
     assert core_of(llm).structured_output._matchers == {}
 
 
@@ -78,12 +63,12 @@ def test_the_backend_passes_the_pages_tests(acme: Path, tmp_path: Path) -> None:
 
 
 def test_the_backend_serves_the_engine(acme: Path, install: Callable[[str, str, type], None],
-                                       tiny_llm: list[LLM]) -> None:
+                                       tiny_llm: Any) -> None:
     from acme_plugins.choices import ChoiceBackend
 
     install(STRUCTURED_OUTPUT_BACKENDS, "acme_choice", ChoiceBackend)
     exec_block(code_block(PAGE, OFFLINE_CHOICES))  # its asserts check the output
-    [first] = tiny_llm
+    [first] = tiny_llm.made
     choices = ("yes", "no", "maybe")
     plain = SamplingParams(temperature=0, max_tokens=8)
     with engine.core.LLM(structured_outputs_backend="acme_choice") as llm:
@@ -115,7 +100,7 @@ def core_of(llm: LLM) -> EngineCore:
     return core
 
 
-def test_the_errors_shown_are_what_the_engine_says(tiny_llm: list[LLM]) -> None:
+def test_the_errors_shown_are_what_the_engine_says(tiny_llm: Any) -> None:
     from engine.testing.docs import PLUGIN_DOCS
 
     page = (PLUGIN_DOCS / PAGE).read_text()

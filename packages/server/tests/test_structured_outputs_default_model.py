@@ -30,7 +30,7 @@ SCHEMA = {
 def client() -> Iterator[openai.OpenAI]:
     with running_server(default_model_path(), ["--max-model-len", "512"],
                         served_model_name="smol") as remote:
-        yield openai.OpenAI(base_url=remote.url_for("v1"), api_key="x", max_retries=0)
+        yield remote.client()
 
 
 def _ask(client: openai.OpenAI, **kwargs: object) -> object:

@@ -46,7 +46,8 @@ def server(tiny_llama_checkpoint: Path) -> Iterator[RemoteServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RemoteServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url_for("v1"), api_key="unused", max_retries=0)
+    client: openai.OpenAI = server.client()
+    return client
 
 
 def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:

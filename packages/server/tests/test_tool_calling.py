@@ -48,7 +48,8 @@ def server(tiny_llama_checkpoint: Path) -> Iterator[RemoteServer]:
 
 @pytest.fixture(scope="module")
 def client(server: RemoteServer) -> openai.OpenAI:
-    return openai.OpenAI(base_url=server.url_for("v1"), api_key="unused", max_retries=0)
+    client: openai.OpenAI = server.client()
+    return client
 
 
 def _chat(client: openai.OpenAI, **kwargs: Any) -> Any:
@@ -181,7 +182,7 @@ def echo_client(tiny_llama_checkpoint: Path, tmp_path_factory: pytest.TempPathFa
             "--plugins", "engine-test-plugin-structured", "--enable-auto-tool-choice",
             "--tool-call-parser", "test_echo"], served_model_name="tiny",
             env=env_with_plugins(target)) as remote:
-        yield openai.OpenAI(base_url=remote.url_for("v1"), api_key="x", max_retries=0)
+        yield remote.client()
 
 
 def test_a_plugin_tool_parser_is_reached_and_selective(echo_client: openai.OpenAI) -> None:
