@@ -431,6 +431,8 @@ def warn_overridden_hooks(cls: type, *, user: str | None = None) -> tuple[Deprec
     if is_sdk_module(cls.__module__):
         return ()
     hooks = overridden_hooks(cls)
+    if not hooks:  # the usual case: naming the user scans every installed distribution
+        return ()
     who = user or f"{describe_user(cls.__module__)}, class {cls.__qualname__}"
     for dep in hooks:
         warn_deprecated(dep, user=who, key=f"{cls.__module__}.{cls.__qualname__}")
