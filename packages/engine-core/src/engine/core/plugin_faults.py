@@ -46,11 +46,16 @@ R = TypeVar("R")
 
 
 def call_plugin(hook: str, fn: Callable[..., R], *args: Any,
-                error: Callable[[str], PluginError]) -> R:
-    """``fn(*args)``; any exception but a ``PluginError`` becomes ``error("HOOK raised ...")``."""
+                error: Callable[[str], PluginError],
+                passes: tuple[type[Exception], ...] = (PluginError,)) -> R:
+    """``fn(*args)``; any exception but those in ``passes`` becomes ``error("HOOK raised ...")``.
+
+    ``passes`` is ``PluginError`` by default; hooks whose ``ValidationError`` is the
+    client's (a 400) add it.
+    """
     try:
         return fn(*args)
-    except PluginError:
+    except passes:
         raise
     except Exception as exc:
         raise error(f"{hook} raised {describe(exc)}") from exc

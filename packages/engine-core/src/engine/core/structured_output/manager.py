@@ -26,6 +26,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from engine.core.plugin_construction import construct_plugin
+from engine.core.plugin_faults import call_plugin
 from engine.core.startup import EngineSetup
 from engine.sdk.errors import PluginError, PluginFailure, ValidationError
 from engine.sdk.groups import STRUCTURED_OUTPUT_BACKENDS
@@ -74,6 +75,16 @@ def build_backend(setup: EngineSetup, cls: type[StructuredOutputBackend], *, pro
     return construct_plugin(setup, STRUCTURED_OUTPUT_BACKENDS, name, cls, make)
 
 
+#: What a backend hook may raise unchanged: a spec the client got wrong, a named failure.
+_PASSES = (ValidationError, PluginError)
+
+
+def backend_error(setup: EngineSetup) -> Callable[[str], PluginError]:
+    """``error(cause)``: a ``PluginError`` naming the selected backend and its distribution."""
+    return functools.partial(setup.catalog.error, STRUCTURED_OUTPUT_BACKENDS,
+                             setup.config.structured_outputs_backend)
+
+
 def frontend_validator(setup: EngineSetup, tokenizer: Any, eos_token_ids: Sequence[int]
                        ) -> Callable[[StructuredOutputsParams], None]:
     """The front end's check of a request's spec: the selected backend's ``validate``.
@@ -86,16 +97,10 @@ def frontend_validator(setup: EngineSetup, tokenizer: Any, eos_token_ids: Sequen
     """
     backend = build_backend(setup, load_backend_class(setup), process="frontend",
                             tokenizer=tokenizer, eos_token_ids=eos_token_ids)
-    name = setup.config.structured_outputs_backend
+    error = backend_error(setup)
 
     def check(params: StructuredOutputsParams) -> None:
-        try:
-            backend.validate(params)
-        except (ValidationError, PluginError):
-            raise
-        except Exception as exc:
-            raise setup.catalog.error(STRUCTURED_OUTPUT_BACKENDS, name,
-                                      f"validate raised {type(exc).__name__}: {exc}") from exc
+        call_plugin("validate", backend.validate, params, error=error, passes=_PASSES)
 
     return check
 
@@ -120,7 +125,8 @@ class StructuredOutputManager:
         self._tokenizer_loader = tokenizer_loader
         self._backend: StructuredOutputBackend | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._grammars: OrderedDict[tuple[str, str, bool], Future[Any]] = OrderedDict()
+        self._grammars: OrderedDict[tuple[str, str, bool], Any] = OrderedDict()
+        self._error = backend_error(setup)
         self._pending: dict[str, tuple[EngineRequest, Future[StructuredOutputMatcher]]] = {}
         self._matchers: dict[str, StructuredOutputMatcher] = {}
         self._words = math.ceil(setup.vocab_size / 32)
@@ -142,22 +148,14 @@ class StructuredOutputManager:
         """On the compile thread: the backend (built once), the grammar (cached), a matcher."""
         backend = self._get_backend()
         key = params.key
-        future = self._grammars.get(key)
-        if future is None or (future.done() and future.exception() is not None):
-            future = Future()
-            self._grammars[key] = future
-            try:
-                future.set_result(self._call("compile", lambda: backend.compile(params)))
-            except BaseException as exc:
-                future.set_exception(exc)
-                raise
+        if key in self._grammars:  # only this thread touches the cache
+            self._grammars.move_to_end(key)
+        else:  # a failed compile is not kept: the next request with the spec tries again
+            self._grammars[key] = self._call("compile", backend.compile, params)
             while len(self._grammars) > GRAMMAR_CACHE_SIZE:
                 self._grammars.popitem(last=False)
-        else:
-            self._grammars.move_to_end(key)
-        grammar = future.result()
-        matcher: StructuredOutputMatcher = self._call("matcher",
-                                                      lambda: backend.matcher(grammar))
+        matcher: StructuredOutputMatcher = self._call("matcher", backend.matcher,
+                                                      self._grammars[key])
         return matcher
 
     def _get_backend(self) -> StructuredOutputBackend:
@@ -226,7 +224,7 @@ class StructuredOutputManager:
         matchers = [self._matchers[r] for r in req_ids]
         backend = self._get_backend()
         try:
-            self._call("fill_bitmask", lambda: backend.fill_bitmask(matchers, bitmask))
+            self._call("fill_bitmask", backend.fill_bitmask, matchers, bitmask)
         except PluginError as exc:
             failure = PluginFailure.from_error(exc)
             return None, dict.fromkeys(req_ids, failure)
@@ -246,11 +244,9 @@ class StructuredOutputManager:
             matcher = self._matchers.get(output.request_id)
             if matcher is None or not output.new_token_ids:
                 continue
-            tokens = output.new_token_ids
             try:
-                accepted = self._call("accept_tokens", functools.partial(
-                    matcher.accept_tokens, tokens))
-                if not accepted:
+                if not self._call("accept_tokens", matcher.accept_tokens,
+                                  output.new_token_ids):
                     failed[output.request_id] = self._refused(output.new_token_ids)
                 elif output.finish_reason is None and self._call(
                         "is_terminated", matcher.is_terminated):
@@ -260,29 +256,18 @@ class StructuredOutputManager:
         return failed, complete
 
     def _refused(self, token_ids: Sequence[int]) -> PluginFailure:
-        error = self._setup.catalog.error(
-            STRUCTURED_OUTPUT_BACKENDS, self._setup.config.structured_outputs_backend,
+        return PluginFailure.from_error(self._error(
             f"the grammar refused sampled token(s) {list(token_ids)} (another logits "
-            f"processor, min_tokens or logit_bias forced a token the grammar does not allow)")
-        return PluginFailure.from_error(error)
+            f"processor, min_tokens or logit_bias forced a token the grammar does not allow)"))
 
-    def _call(self, hook: str, fn: Callable[[], Any]) -> Any:
-        """Run a backend hook; anything but a ``ValidationError`` becomes a ``PluginError``."""
-        try:
-            return fn()
-        except (ValidationError, PluginError):
-            raise
-        except Exception as exc:
-            raise self._setup.catalog.error(
-                STRUCTURED_OUTPUT_BACKENDS, self._setup.config.structured_outputs_backend,
-                f"{hook} raised {type(exc).__name__}: {exc}") from exc
+    def _call(self, hook: str, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)``; anything but a ``ValidationError`` becomes a ``PluginError``."""
+        return call_plugin(hook, fn, *args, error=self._error, passes=_PASSES)
 
     def _failure(self, exc: BaseException) -> PluginFailure:
         if isinstance(exc, PluginError):
             return PluginFailure.from_error(exc)
-        name = self._setup.config.structured_outputs_backend
-        return PluginFailure.from_error(self._setup.catalog.error(
-            STRUCTURED_OUTPUT_BACKENDS, name, f"compile refused the spec: {exc}"))
+        return PluginFailure.from_error(self._error(f"compile refused the spec: {exc}"))
 
     def shutdown(self) -> None:
         """Stop the compile thread and the backend."""
