@@ -242,14 +242,8 @@ async def _stream(stream: RequestStream, response_id: str, created: int, model: 
                 finish_reason = delta.finish_reason
                 if tools is not None:
                     reader = tools[delta.index]
-                    piece = reader.feed(delta.text) if delta.text else None
+                    piece = reader.advance(delta.text, finished=finish_reason is not None)
                     if finish_reason is not None:
-                        last = reader.finish()
-                        if last is not None:
-                            piece = StreamDelta(
-                                content=((piece.content if piece else None) or "")
-                                + (last.content or "") or None,
-                                tool_calls=(piece.tool_calls if piece else ()) + last.tool_calls)
                         finish_reason = tool_finish_reason(reader.plan, reader, finish_reason)
                     message = _delta_message(piece) if piece is not None else DeltaMessage()
                     if piece is None and finish_reason is None and not logprobs:

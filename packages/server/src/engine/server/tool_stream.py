@@ -10,11 +10,9 @@ streaming methods piece by piece). A parser that raises fails that request with 
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
-from typing import Any
+import functools
 
-from engine.sdk.errors import PluginError
+from engine.core.plugin_faults import call_plugin
 from engine.sdk.groups import TOOL_PARSERS
 from engine.sdk.tool_parser import (
     ExtractedToolCalls,
@@ -23,7 +21,14 @@ from engine.sdk.tool_parser import (
     ToolCallDelta,
     ToolParser,
 )
-from engine.server.tools import ToolParserSelection, ToolPlan, extract_calls, new_call_id
+from engine.server.tool_parsers._json_text import decode_object, skip
+from engine.server.tools import (
+    ToolParserSelection,
+    ToolPlan,
+    extract_calls,
+    new_call_id,
+    required_call,
+)
 
 
 class ChoiceTools:
@@ -36,41 +41,44 @@ class ChoiceTools:
 
     def __init__(self, plan: ToolPlan, selection: ToolParserSelection | None) -> None:
         self.plan = plan
-        self.selection = selection
         self.parser: ToolParser | None = None
         if plan.choice == "auto" and selection is not None:
             self.parser = selection.new(plan.tools or ())
-        self.called = False  # some call was reported
-        self._sent = 0  # required: elements sent; named: whether call 0 was opened
-        self._text = ""
+            self._error = functools.partial(selection.setup.catalog.error, TOOL_PARSERS,
+                                            selection.name)
+        self.called = False  # some call was reported (named: call 0 was opened)
+        self._sent = 0  # required: array elements sent
+        self._text = ""  # required: the text so far
         self._named_id = new_call_id()
-
-    def _guard(self, hook: str, fn: Callable[[], Any]) -> Any:
-        try:
-            return fn()
-        except PluginError:
-            raise
-        except Exception as exc:
-            assert self.selection is not None
-            setup = self.selection.setup
-            raise setup.catalog.error(TOOL_PARSERS, self.selection.name,
-                                      f"{hook} raised {type(exc).__name__}: {exc}") from exc
 
     def final(self, text: str) -> ExtractedToolCalls:
         """The calls and remaining content of the whole text (ids filled in)."""
-        found: ExtractedToolCalls = self._guard(
-            "extract_tool_calls", lambda: extract_calls(self.plan, text, self.parser))
+        if self.parser is None:
+            found = extract_calls(self.plan, text, None)
+        else:
+            found = call_plugin("extract_tool_calls", extract_calls, self.plan, text,
+                                self.parser, error=self._error)
         calls = tuple(call if call.id else ToolCall(call.name, call.arguments, new_call_id())
                       for call in found.tool_calls)
         self.called = bool(calls)
         return ExtractedToolCalls(tool_calls=calls, content=found.content)
 
+    def advance(self, delta_text: str, finished: bool) -> StreamDelta | None:
+        """What to stream for the next piece of text; with ``finished``, what is left too."""
+        piece = self.feed(delta_text) if delta_text else None
+        last = self.finish() if finished else None
+        if last is None:
+            return piece
+        if piece is None:
+            return last
+        return StreamDelta(content=(piece.content or "") + (last.content or "") or None,
+                           tool_calls=piece.tool_calls + last.tool_calls)
+
     def feed(self, delta_text: str) -> StreamDelta | None:
         """What to stream for the next piece of text."""
         if self.plan.choice == "named":
             assert self.plan.name is not None
-            first = not self._sent
-            self._sent = 1
+            first = not self.called
             self.called = True
             return StreamDelta(tool_calls=(ToolCallDelta(
                 index=0, id=self._named_id if first else None,
@@ -79,20 +87,18 @@ class ChoiceTools:
             self._text += delta_text
             return self._required_elements()
         if self.parser is not None:
-            parser = self.parser
-            delta: StreamDelta | None = self._guard(
-                "extract_tool_calls_streaming",
-                lambda: parser.extract_tool_calls_streaming(delta_text))
-            return self._noted(delta)
+            return self._noted(call_plugin("extract_tool_calls_streaming",
+                                           self.parser.extract_tool_calls_streaming,
+                                           delta_text, error=self._error))
         return StreamDelta(content=delta_text) if delta_text else None
 
     def finish(self) -> StreamDelta | None:
         """What is left to stream when the choice ends."""
-        if self.plan.choice == "named" and not self._sent:
+        if self.plan.choice == "named" and not self.called:
             return self.feed("")
         if self.parser is not None:
-            parser = self.parser
-            return self._noted(self._guard("finish_streaming", parser.finish_streaming))
+            return self._noted(call_plugin("finish_streaming", self.parser.finish_streaming,
+                                           error=self._error))
         return None
 
     def _noted(self, delta: StreamDelta | None) -> StreamDelta | None:
@@ -108,34 +114,26 @@ class ChoiceTools:
         new = found[self._sent:]
         if not new:
             return None
-        deltas = []
-        for offset, item in enumerate(new):
-            name = item.get("name") if isinstance(item, dict) else None
-            if not isinstance(name, str):
-                continue
-            arguments = item.get("parameters", item.get("arguments", {}))
-            deltas.append(ToolCallDelta(index=self._sent + offset, id=new_call_id(), name=name,
-                                        arguments=json.dumps(arguments, ensure_ascii=False)))
+        deltas = [ToolCallDelta(index=self._sent + offset, id=new_call_id(), name=call.name,
+                                arguments=call.arguments)
+                  for offset, item in enumerate(new) if (call := required_call(item))]
         self._sent = len(found)
         self.called = self.called or bool(deltas)
         return StreamDelta(tool_calls=tuple(deltas)) if deltas else None
 
 
-def _complete_elements(text: str) -> list[Any]:
-    """The complete elements at the start of a JSON array that may still be growing."""
-    decoder = json.JSONDecoder()
+def _complete_elements(text: str) -> list[dict[str, object]]:
+    """The complete objects at the start of a JSON array that may still be growing.
+
+    The ``required`` grammar makes every element an object; the scan stops at the first
+    element that is not complete yet.
+    """
     start = text.find("[")
     if start < 0:
         return []
-    items: list[Any] = []
+    items: list[dict[str, object]] = []
     pos = start + 1
-    while True:
-        while pos < len(text) and text[pos] in " \t\r\n,":
-            pos += 1
-        if pos >= len(text) or text[pos] == "]":
-            return items
-        try:
-            item, pos = decoder.raw_decode(text, pos)
-        except ValueError:
-            return items
+    while (decoded := decode_object(text, skip(text, pos, " \t\r\n,"))) is not None:
+        item, pos = decoded
         items.append(item)
+    return items

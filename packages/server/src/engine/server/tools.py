@@ -33,6 +33,7 @@ from engine.sdk.groups import TOOL_PARSERS
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.structured_output import StructuredOutputsParams
 from engine.sdk.tool_parser import ExtractedToolCalls, ToolCall, ToolParser, ToolParserContext
+from engine.server.tool_parsers._json_text import call_from_object
 
 ToolChoice = Literal["none", "auto", "required", "named"]
 
@@ -222,18 +223,17 @@ def required_calls(text: str, parallel: bool) -> ExtractedToolCalls:
         items = json.loads(text)
     except ValueError:
         return ExtractedToolCalls(content=text or None)
-    calls = [call for item in items if (call := _call_of(item)) is not None] if isinstance(
-        items, list) else []
+    calls = [call for item in items if (call := required_call(item)) is not None
+             ] if isinstance(items, list) else []
     if not calls:
         return ExtractedToolCalls(content=text or None)
     return ExtractedToolCalls(tool_calls=tuple(calls if parallel else calls[:1]))
 
 
-def _call_of(item: Any) -> ToolCall | None:
-    if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
-        return None
-    arguments = item.get("parameters", item.get("arguments", {}))
-    return ToolCall(name=item["name"], arguments=json.dumps(arguments, ensure_ascii=False))
+def required_call(item: Any) -> ToolCall | None:
+    """The call one element of a ``required`` array describes (``{"name", "parameters"}``)."""
+    return (call_from_object(item, ("parameters", "arguments"), require_arguments=False)
+            if isinstance(item, dict) else None)
 
 
 def extract_calls(plan: ToolPlan, text: str, parser: ToolParser | None) -> ExtractedToolCalls:
