@@ -119,8 +119,8 @@ class StructuredOutputManager:
                  tokenizer_loader: Callable[[], Any]) -> None:
         self._setup = setup
         self._cls = load_backend_class(setup)  # a broken selection stops start-up
-        self._cls.Options(**setup.config.options_for(
-            STRUCTURED_OUTPUT_BACKENDS, setup.config.structured_outputs_backend))
+        construct_plugin(setup, STRUCTURED_OUTPUT_BACKENDS,  # and so do bad options
+                         setup.config.structured_outputs_backend, self._cls, lambda o: o)
         self._eos = tuple(eos_token_ids)
         self._tokenizer_loader = tokenizer_loader
         self._backend: StructuredOutputBackend | None = None

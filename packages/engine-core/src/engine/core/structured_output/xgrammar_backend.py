@@ -58,7 +58,7 @@ class XgrammarBackend(StructuredOutputBackend):
     """Structured outputs on xgrammar: JSON schemas, JSON objects, regexes, choices, EBNF."""
 
     class Options(PluginOptions):
-        """``--plugin-option xgrammar.max_threads=N``."""
+        """``--plugin-option xgrammar.max_threads=N``, ``xgrammar.max_whitespace=N``."""
 
         max_threads: int = Field(
             1, ge=1, description="threads xgrammar compiles a grammar with")
@@ -69,6 +69,9 @@ class XgrammarBackend(StructuredOutputBackend):
 
     def __init__(self, ctx: StructuredOutputContext) -> None:
         super().__init__(ctx)
+        options = ctx.options
+        self._options = (options if isinstance(options, self.Options)
+                         else self.Options.model_validate({}))
         self._compiler: Any = None
         self._lock = threading.Lock()
 
@@ -76,11 +79,9 @@ class XgrammarBackend(StructuredOutputBackend):
         import xgrammar as xgr
 
         kind = params.kind
-        options = self.ctx.options
         json_options: dict[str, Any] = {
             "any_whitespace": not params.disable_any_whitespace,
-            "max_whitespace_cnt": (options.max_whitespace
-                                   if isinstance(options, self.Options) else 20)}
+            "max_whitespace_cnt": self._options.max_whitespace}
         try:
             if kind in ("json", "json_object"):
                 schema = params.spec if kind == "json" else '{"type": "object"}'
@@ -111,9 +112,8 @@ class XgrammarBackend(StructuredOutputBackend):
                 info = xgr.TokenizerInfo.from_huggingface(
                     ctx.tokenizer, vocab_size=ctx.vocab_size,
                     stop_token_ids=list(ctx.eos_token_ids) or None)
-                options = ctx.options
-                threads = options.max_threads if isinstance(options, self.Options) else 1
-                self._compiler = xgr.GrammarCompiler(info, max_threads=threads)
+                self._compiler = xgr.GrammarCompiler(info,
+                                                     max_threads=self._options.max_threads)
             return self._compiler
 
     def compile(self, params: StructuredOutputsParams) -> Any:
