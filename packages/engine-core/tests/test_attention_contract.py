@@ -1,6 +1,6 @@
-"""``engine.testing.contracts.check_attention_backend`` on ``torch``, and on broken backends.
+"""``engine.testing.contracts.check_attention_backend`` on ``torch``, ``cpu``, broken backends.
 
-The built-in backend passes every default case (float32; one in bfloat16); variants of it
+The built-in backends pass every default case (float32; one in bfloat16); variants of it
 that break one rule each fail, with a message naming the case, step and request; the
 example backend of docs/plugins/attention-backends.md, which turns sliding windows down,
 has those cases reported as skipped, and the page's ``check_attention_backend`` block runs
@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from engine.core.attention import TorchAttentionBackend
+from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
 from engine.core.attention.torch_backend import TorchAttentionImpl, TorchAttentionMetadataBuilder
 from engine.sdk.attention import (
     AttentionImpl,
@@ -32,14 +32,18 @@ from engine.testing.docs import code_block, exec_block, page_package, run_page_t
 GQA_WINDOW = DEFAULT_ATTENTION_CASES[2]
 
 
-def test_the_torch_backend_conforms() -> None:
-    report = check_attention_backend(TorchAttentionBackend)
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend],
+                         ids=lambda b: b.name)
+def test_the_built_in_backends_conform(backend: Any) -> None:
+    report = check_attention_backend(backend)
     assert report.cases == tuple(case.name for case in DEFAULT_ATTENTION_CASES)
     assert not report.skipped and report.num_steps == 5 * len(DEFAULT_ATTENTION_CASES)
 
 
-def test_the_torch_backend_conforms_in_bfloat16() -> None:
-    report = check_attention_backend(TorchAttentionBackend, dtype="bfloat16",
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend],
+                         ids=lambda b: b.name)
+def test_the_built_in_backends_conform_in_bfloat16(backend: Any) -> None:
+    report = check_attention_backend(backend, dtype="bfloat16",
                                      cases=[GQA_WINDOW])
     assert report.cases == (GQA_WINDOW.name,)
 

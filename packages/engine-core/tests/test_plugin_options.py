@@ -43,9 +43,9 @@ def test_options_reach_the_model_and_the_attention_backend(tiny_llama: Path) -> 
     with pytest.raises(PluginError, match="LlamaForCausalLM.*invalid options"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"LlamaForCausalLM": {"depth": 3}})
-    with pytest.raises(PluginError, match="'torch'.*attention_backends.*invalid options"):
+    with pytest.raises(PluginError, match="'cpu'.*attention_backends.*invalid options"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
-            plugin_options={"attention_backends:torch": {"window": 3}})
+            plugin_options={"attention_backends:cpu": {"window": 3}})
 
 
 def test_same_named_plugins_of_two_groups_need_the_group(tiny_llama: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import logging
 import os
 import platform as host
 from typing import ClassVar
@@ -11,6 +13,7 @@ from engine.sdk.attention import AttentionSpec
 from engine.sdk.platform import Platform
 from engine.sdk.support import Support
 
+logger = logging.getLogger(__name__)
 
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bfloat16 instructions (avx512_bf16 or AMX)."""
@@ -23,7 +26,7 @@ def cpu_supports_bf16() -> bool:
 
 
 class CpuPlatform(Platform):
-    """Host CPU: torch's CPU kernels, gloo between ranks, the torch attention backend."""
+    """Host CPU: torch's CPU kernels, gloo between ranks, the ``cpu`` attention backend."""
 
     name: ClassVar[str] = "cpu"
     device_type: ClassVar[str] = "cpu"
@@ -51,7 +54,20 @@ class CpuPlatform(Platform):
 
     @classmethod
     def default_attention_backend(cls, spec: AttentionSpec) -> str:
+        """``cpu`` (C++ paged kernels) where it can serve ``spec``, else ``torch``."""
+        from engine.core.attention.cpu_backend import CpuAttentionBackend
+
+        support = CpuAttentionBackend.supports(spec)
+        if support:
+            return "cpu"
+        _warn_fallback(support.reason)
         return "torch"
+
+
+@functools.cache
+def _warn_fallback(reason: str) -> None:
+    logger.warning("attention: the cpu backend cannot serve this model (%s); using the "
+                   "torch backend (slower decode: SDPA over gathered blocks)", reason)
 
 
 def detect_cpu() -> type[Platform]:

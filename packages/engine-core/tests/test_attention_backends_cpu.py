@@ -1,4 +1,4 @@
-"""The torch attention backend against a per-request reference, on mixed batches."""
+"""The CPU attention backends (``torch``, ``cpu``) against a per-request reference."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from engine.core.attention import TorchAttentionBackend
+from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend, cpu_backend
+from engine.core.attention.native import library
 from engine.sdk.attention import (
     AttentionContext,
     AttentionImplParams,
@@ -16,7 +17,8 @@ from engine.sdk.attention import (
 )
 
 BLOCK = 4
-HEADS, KV_HEADS, D = 4, 2, 8
+HEADS, KV_HEADS = 4, 2
+BACKENDS = [TorchAttentionBackend, CpuAttentionBackend]
 
 
 def reference(q, k_ctx, v_ctx, start, scale, window):
@@ -33,21 +35,28 @@ def reference(q, k_ctx, v_ctx, start, scale, window):
     return torch.stack(out)
 
 
-MIXED = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 1), (3, 2), (20, 1), (0, 30)]
+MIXED = [(7, 1), (0, 9), (12, 1), (5, 6), (0, 1), (3, 2), (20, 1), (0, 30), (2, 40)]
 EQUAL_DECODES = [(9, 1)] * 5  # one context length: the unmasked path
 
 
+@pytest.mark.parametrize("backend", BACKENDS, ids=lambda b: b.name)
+@pytest.mark.parametrize("head_size", [8, 64])
 @pytest.mark.parametrize("window", [None, 5])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("reqs", [MIXED, EQUAL_DECODES], ids=["mixed", "equal_decodes"])
-def test_mixed_prefill_decode_batch_matches_reference(window, dtype, reqs) -> None:
+def test_mixed_prefill_decode_batch_matches_reference(backend, head_size, window, dtype,
+                                                      reqs) -> None:
+    # MIXED ends with a 40-token chunk: past cpu_backend.KERNEL_MAX_QUERY, so the cpu
+    # backend runs it as SDPA and everything else in its kernel, in one step.
+    assert max(n for _, n in MIXED) > cpu_backend.KERNEL_MAX_QUERY
+    D = head_size
     gen = torch.Generator().manual_seed(0)
     # (cached tokens, new tokens) per request: decodes, chunks with a prefix, full prompts
-    num_blocks = 64
+    num_blocks = 96
     spec = AttentionSpec(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=D,
                          dtype=str(dtype).split(".")[1], kv_cache_dtype=str(dtype).split(".")[1],
                          block_size=BLOCK, sliding_window=window)
-    shape = TorchAttentionBackend.get_kv_cache_shape(num_blocks, BLOCK, KV_HEADS, D)
+    shape = backend.get_kv_cache_shape(num_blocks, BLOCK, KV_HEADS, D)
     cache = torch.zeros(shape, dtype=dtype)
     free = list(range(1, num_blocks))
     perm = torch.randperm(len(free), generator=gen).tolist()
@@ -79,10 +88,10 @@ def test_mixed_prefill_decode_batch_matches_reference(window, dtype, reqs) -> No
         max_seq_len=int(seq_lens.max()),
     )
     ctx = AttentionContext(spec=spec, layer_names=("l0",), device="cpu", max_num_reqs=16,
-                           max_num_batched_tokens=256, max_model_len=64)
-    metadata = TorchAttentionBackend.get_builder_cls()(ctx).build(common)
+                           max_num_batched_tokens=256, max_model_len=128)
+    metadata = backend.get_builder_cls()(ctx).build(common)
     scale = D**-0.5
-    impl = TorchAttentionBackend.get_impl_cls()(
+    impl = backend.get_impl_cls()(
         AttentionImplParams(spec=spec, layer_name="l0", scale=scale))
     q, k, v = torch.cat(queries), torch.cat(keys), torch.cat(values)
     out = torch.full_like(q, float("nan"))
@@ -104,3 +113,43 @@ def test_supports_reports_reasons() -> None:
     bad = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=8, dtype="float32",
                         kv_cache_dtype="bfloat16", block_size=16)
     assert "kv_cache_dtype" in TorchAttentionBackend.supports(bad).reason
+
+
+def test_cpu_backend_supports_reports_reasons() -> None:
+    spec = dict(num_heads=4, num_kv_heads=2, head_size=8, kv_cache_dtype="float16",
+                block_size=16)
+    reason = CpuAttentionBackend.supports(AttentionSpec(dtype="float16", **spec)).reason
+    assert "dtype float16 not supported; supported: float32, bfloat16" in reason
+    assert "--attention-backend torch" in reason
+
+
+def test_without_a_compiler_the_platform_falls_back_to_torch(monkeypatch, caplog) -> None:
+    from engine.core.platforms import CpuPlatform
+
+    monkeypatch.setattr(library, "find_compiler", lambda: None)
+    library.load.cache_clear()
+    try:
+        spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=8, dtype="float32",
+                             kv_cache_dtype="float32", block_size=16)
+        support = CpuAttentionBackend.supports(spec)
+        assert not support
+        assert "no C++ compiler found" in support.reason
+        with caplog.at_level("WARNING"):
+            assert CpuPlatform.default_attention_backend(spec) == "torch"
+        assert "using the torch backend" in caplog.text
+    finally:
+        library.load.cache_clear()
+
+
+def test_a_failed_build_reports_the_compiler_output(monkeypatch, tmp_path) -> None:
+    bad = tmp_path / "bad.cpp"
+    bad.write_text("this is not C++\n")
+    monkeypatch.setattr(library, "SOURCE", bad)
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    library.load.cache_clear()
+    try:
+        with pytest.raises(library.NativeKernelsUnavailable, match="bad.cpp.*failed"):
+            library.load()
+        assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built left
+    finally:
+        library.load.cache_clear()

@@ -1,0 +1,148 @@
+"""Build, cache and load the CPU attention kernels (``paged_attention.cpp``).
+
+The source is compiled on first use with the system C++ compiler (``$CXX``, else ``c++`` or
+``g++``) for this machine (``-O3 -march=native -fopenmp``) into the cache directory
+(``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or ``~/.cache/engine``), under a
+name derived from the source, the compiler and the CPU's flags; later processes load the
+built file in milliseconds. The library is called through ``ctypes`` with raw pointers, so
+it needs neither Python nor torch headers, and its OpenMP calls run on the runtime torch
+already loaded (same ``libgomp.so.1``), with torch's thread count.
+
+Without a compiler, or when the build fails, ``load()`` raises ``NativeKernelsUnavailable``
+with the reason; the ``cpu`` attention backend reports that reason from ``supports`` and
+the platform picks the pure-torch backend instead.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("paged_attention.cpp")
+FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+_P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+class NativeKernelsUnavailable(RuntimeError):
+    """The kernels cannot be built or loaded here; the message says why."""
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("ENGINE_CACHE_DIR")
+    if root:
+        return Path(root)
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "engine"
+
+
+def find_compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_flags() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler: str, target: Path) -> None:
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)],
+                                capture_output=True, text=True, timeout=300)
+        if result.returncode != 0:
+            raise NativeKernelsUnavailable(
+                f"building {SOURCE.name} with {compiler} failed:\n{result.stderr.strip()}")
+        os.replace(built, target)  # atomic: a concurrent process sees all of it or none
+
+
+@functools.cache
+def load() -> NativeKernels:
+    """The kernels, built on first use; raises ``NativeKernelsUnavailable``."""
+    if not torch.backends.openmp.is_available():  # type: ignore[no-untyped-call]
+        raise NativeKernelsUnavailable("torch was built without OpenMP")
+    compiler = find_compiler()
+    if compiler is None:
+        raise NativeKernelsUnavailable(
+            "no C++ compiler found ($CXX, c++, g++ or clang++ on PATH); install one (e.g. "
+            "apt install g++) to build the CPU attention kernels")
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    key = hashlib.sha256("\0".join(
+        [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags()]).encode())
+    target = cache_dir() / "cpu_kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+    if not target.exists():
+        _build(compiler, target)
+    try:
+        return NativeKernels(ctypes.CDLL(str(target)))
+    except OSError as exc:
+        raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
+
+
+class NativeKernels:
+    """Typed calls into the built library (tensors in, results written in place)."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._attention = lib.engine_paged_attention
+        self._attention.restype = _I32
+        self._attention.argtypes = [
+            _I32, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _P,
+            _I64, _I64, _I32, _I32, _I32, _I32, _I32, _F, _I32]
+        self._write_kv = lib.engine_write_kv
+        self._write_kv.restype = None
+        self._write_kv.argtypes = [
+            _I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _I32,
+            _I32, _I32]
+
+    def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
+                 value_cache: torch.Tensor, slots: torch.Tensor) -> None:
+        """Copy ``key``/``value`` rows ``[tokens, kv_heads, D]`` into their cache slots.
+
+        ``slots``: int64 ``[tokens]``; the caches ``[blocks, kv_heads, block_size, D]``.
+        """
+        tokens, kv_heads, head_size = key.shape
+        self._write_kv(
+            key.element_size(), key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
+            value.stride(0), value.stride(1), key_cache.data_ptr(), value_cache.data_ptr(),
+            *key_cache.stride()[:3], slots.data_ptr(), tokens, kv_heads, head_size,
+            key_cache.shape[2])
+
+    def paged_attention(
+        self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
+        block_table: torch.Tensor, rows: torch.Tensor, requests: torch.Tensor,
+        positions: torch.Tensor, output: torch.Tensor, scale: float, sliding_window: int | None,
+    ) -> None:
+        """Attention of query rows over their requests' cached keys, into ``output``.
+
+        ``query``/``output``: ``[tokens, heads, D]`` (last axis contiguous); ``block_table``
+        int32 ``[requests, max_blocks]`` (rows contiguous); ``rows``/``requests``/
+        ``positions``: int32, contiguous, one entry per query row computed: query row
+        ``rows[i]`` of request ``requests[i]`` sees that request's keys
+        ``0..positions[i]`` and fills output row ``rows[i]``.
+        """
+        _, heads, head_size = query.shape
+        status = self._attention(
+            DTYPE_CODES[query.dtype], query.data_ptr(), query.stride(0), query.stride(1),
+            key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
+            block_table.data_ptr(), block_table.stride(0), rows.data_ptr(), requests.data_ptr(),
+            positions.data_ptr(), rows.shape[0], output.data_ptr(), output.stride(0),
+            output.stride(1), heads, key_cache.shape[1], head_size, key_cache.shape[2],
+            sliding_window or 0, scale, torch.get_num_threads())
+        if status:
+            raise ValueError(f"paged_attention: unsupported dtype {query.dtype}")

@@ -1,0 +1,198 @@
+// Paged attention and KV-cache writes for the CPU, read straight from the block table.
+//
+// Built on first use by engine.core.attention.native.library (the system C++ compiler,
+// -O3 -march=native -fopenmp) and called through ctypes; the OpenMP runtime is the one
+// torch already loaded (same soname), so the kernel uses torch's threads.
+//
+// Layouts (strides in elements, so any view with a contiguous last axis works):
+//   query  [tokens, heads, head_size]          output the same
+//   cache  [blocks, kv_heads, block_size, head_size], keys and values in two tensors
+//   block_table [requests, max_blocks] int32; work item t is query row tok_row[t] of
+//   request tok_req[t] at position tok_pos[t]: it sees keys 0..tok_pos[t] (the last
+//   sliding_window of them when sliding_window > 0) and writes output row tok_row[t].
+// Scores, softmax and the weighted sum are float32 whatever the cache's dtype.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
+
+namespace {
+
+enum Dtype : int { kFloat32 = 0, kBFloat16 = 1 };
+
+inline float load(const float* p, int i) { return p[i]; }
+inline float load(const uint16_t* p, int i) {
+  uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline void store(float* p, int i, float v) { p[i] = v; }
+inline void store(uint16_t* p, int i, float v) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN (a bit test: -ffast-math drops isnan)
+    p[i] = 0x7FC0;
+    return;
+  }
+  bits += 0x7FFFu + ((bits >> 16) & 1u);
+  p[i] = static_cast<uint16_t>(bits >> 16);
+}
+
+struct Shape {
+  int64_t q_tok, q_head, out_tok, out_head;
+  int64_t c_block, c_head, c_tok;
+  int64_t bt_stride;
+  int heads, kv_heads, head_size, block_size, sliding_window;
+  float scale;
+};
+
+template <typename T, int kD>
+void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos, int kvh,
+                T* out, const Shape& s, std::vector<float>& scratch) {
+  const int D = kD > 0 ? kD : s.head_size;
+  const int G = s.heads / s.kv_heads;
+  const int first = s.sliding_window > 0 ? std::max(0, pos - s.sliding_window + 1) : 0;
+  const int n = pos + 1 - first;
+  scratch.resize(static_cast<size_t>(G) * (2 * D + n) + D);
+  float* qf = scratch.data();          // [G, D], pre-scaled
+  float* acc = qf + G * D;             // [G, D]
+  float* row = acc + G * D;            // [D], one key or value in float32
+  float* scores = row + D;             // [G, n]
+  for (int g = 0; g < G; ++g) {
+    const T* qh = q + (kvh * G + g) * s.q_head;
+    for (int d = 0; d < D; ++d) qf[g * D + d] = load(qh, d) * s.scale;
+  }
+  for (int j = first; j <= pos; ++j) {
+    const T* k = kc + blocks[j / s.block_size] * s.c_block + kvh * s.c_head +
+                 (j % s.block_size) * s.c_tok;
+#pragma omp simd
+    for (int d = 0; d < D; ++d) row[d] = load(k, d);
+    for (int g = 0; g < G; ++g) {
+      float dot = 0.f;
+      const float* qg = qf + g * D;
+#pragma omp simd reduction(+ : dot)
+      for (int d = 0; d < D; ++d) dot += qg[d] * row[d];
+      scores[g * n + (j - first)] = dot;
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * n;
+    float top = sg[0];
+    for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - top);
+      sum += sg[j];
+    }
+    const float inv = 1.f / sum;
+    for (int j = 0; j < n; ++j) sg[j] *= inv;
+  }
+  std::fill(acc, acc + G * D, 0.f);
+  for (int j = first; j <= pos; ++j) {
+    const T* v = vc + blocks[j / s.block_size] * s.c_block + kvh * s.c_head +
+                 (j % s.block_size) * s.c_tok;
+#pragma omp simd
+    for (int d = 0; d < D; ++d) row[d] = load(v, d);
+    for (int g = 0; g < G; ++g) {
+      const float p = scores[g * n + (j - first)];
+      float* ag = acc + g * D;
+#pragma omp simd
+      for (int d = 0; d < D; ++d) ag[d] += p * row[d];
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    T* oh = out + (kvh * G + g) * s.out_head;
+    for (int d = 0; d < D; ++d) store(oh, d, acc[g * D + d]);
+  }
+}
+
+template <typename T, int kD>
+void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table,
+                const int32_t* tok_row, const int32_t* tok_req, const int32_t* tok_pos,
+                int64_t num_tokens, T* out,
+                const Shape& s, int num_threads) {
+  const int64_t items = num_tokens * s.kv_heads;
+#pragma omp parallel num_threads(num_threads)
+  {
+    std::vector<float> scratch;
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t item = 0; item < items; ++item) {
+      const int64_t t = item / s.kv_heads;
+      const int kvh = static_cast<int>(item % s.kv_heads);
+      const int64_t row = tok_row[t];
+      attend_one<T, kD>(q + row * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride,
+                        tok_pos[t], kvh, out + row * s.out_tok, s, scratch);
+    }
+  }
+}
+
+template <typename T>
+void dispatch(const void* q, const void* kc, const void* vc, const int32_t* bt,
+              const int32_t* tok_row, const int32_t* tok_req, const int32_t* tok_pos, int64_t num_tokens, void* out,
+              const Shape& s, int num_threads) {
+  auto run = [&](auto d) {
+    attend_all<T, decltype(d)::value>(static_cast<const T*>(q), static_cast<const T*>(kc),
+                                      static_cast<const T*>(vc), bt, tok_row, tok_req, tok_pos,
+                                      num_tokens, static_cast<T*>(out), s, num_threads);
+  };
+  switch (s.head_size) {
+    case 64: run(std::integral_constant<int, 64>{}); break;
+    case 128: run(std::integral_constant<int, 128>{}); break;
+    default: run(std::integral_constant<int, 0>{}); break;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Returns 0, or 1 for an unknown dtype code.
+int engine_paged_attention(int dtype, const void* q, int64_t q_tok, int64_t q_head,
+                           const void* k_cache, const void* v_cache, int64_t c_block,
+                           int64_t c_head, int64_t c_tok, const int32_t* block_table,
+                           int64_t bt_stride, const int32_t* tok_row, const int32_t* tok_req,
+                           const int32_t* tok_pos,
+                           int64_t num_tokens, void* out, int64_t out_tok, int64_t out_head,
+                           int heads, int kv_heads, int head_size, int block_size,
+                           int sliding_window, float scale, int num_threads) {
+  const Shape s{q_tok, q_head, out_tok, out_head, c_block, c_head, c_tok, bt_stride,
+                heads, kv_heads, head_size, block_size, sliding_window, scale};
+  if (dtype == kFloat32) {
+    dispatch<float>(q, k_cache, v_cache, block_table, tok_row, tok_req, tok_pos, num_tokens, out, s,
+                    num_threads);
+  } else if (dtype == kBFloat16) {
+    dispatch<uint16_t>(q, k_cache, v_cache, block_table, tok_row, tok_req, tok_pos, num_tokens, out, s,
+                       num_threads);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+// Copies each token's keys and values ([tokens, kv_heads, head_size] views) into its cache
+// slot (block = slot / block_size, offset = slot % block_size). elem_size: bytes per value.
+void engine_write_kv(int elem_size, const void* key, int64_t k_tok, int64_t k_head,
+                     const void* value, int64_t v_tok, int64_t v_head, void* k_cache,
+                     void* v_cache, int64_t c_block, int64_t c_head, int64_t c_tok,
+                     const int64_t* slots, int64_t num_tokens, int kv_heads, int head_size,
+                     int block_size) {
+  const size_t row = static_cast<size_t>(head_size) * elem_size;
+  auto* kc = static_cast<char*>(k_cache);
+  auto* vc = static_cast<char*>(v_cache);
+  const auto* kp = static_cast<const char*>(key);
+  const auto* vp = static_cast<const char*>(value);
+  for (int64_t t = 0; t < num_tokens; ++t) {
+    const int64_t blk = slots[t] / block_size, off = slots[t] % block_size;
+    for (int h = 0; h < kv_heads; ++h) {
+      const int64_t dst = (blk * c_block + h * c_head + off * c_tok) * elem_size;
+      std::memcpy(kc + dst, kp + (t * k_tok + h * k_head) * elem_size, row);
+      std::memcpy(vc + dst, vp + (t * v_tok + h * v_head) * elem_size, row);
+    }
+  }
+}
+
+}  // extern "C"
