@@ -1,6 +1,6 @@
 // Paged attention and KV-cache writes for the CPU, read straight from the block table.
 //
-// Built on first use by engine.core.attention.native.library (the system C++ compiler,
+// Built on first use by engine.core.native.library (the system C++ compiler,
 // -O3 -march=native -fopenmp) and called through ctypes; the OpenMP runtime is the one
 // torch already loaded (same soname), so the kernel uses torch's threads.
 //
@@ -18,6 +18,10 @@
 #include <cstring>
 #include <type_traits>
 #include <vector>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
 
 namespace {
 
@@ -110,12 +114,145 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
   }
 }
 
+#if defined(__AVX512F__)
+// 16 lanes at a time, q and the accumulators in registers (G query heads per KV head and
+// D = 16 * C elements per head known at compile time).
+inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 load16(const uint16_t* p) {
+  const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+}
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) {
+  alignas(64) float tmp[16];
+  _mm512_store_ps(tmp, v);
+  for (int i = 0; i < 16; ++i) store(p, i, tmp[i]);
+}
+
+// Lane-wise partial dot product of two D = 16 * C vectors (sum the lanes for the dot).
+template <int C>
+inline __m512 dot16(const __m512* x, const __m512* y) {
+  __m512 a = _mm512_mul_ps(x[0], y[0]);
+  for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(x[c], y[c], a);
+  return a;
+}
+
+inline __m256 halves(__m512 a) {
+  return _mm256_add_ps(_mm512_castps512_ps256(a),
+                       _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+}
+
+// The lane sums of four vectors, as one [sum(a0), sum(a1), sum(a2), sum(a3)].
+inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(halves(a0), halves(a1)),
+                                  _mm256_hadd_ps(halves(a2), halves(a3)));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+
+template <typename T, int C, int G>
+void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
+                       int kvh, T* out, const Shape& s, std::vector<float>& scratch) {
+  const int first = s.sliding_window > 0 ? std::max(0, pos - s.sliding_window + 1) : 0;
+  const int n = pos + 1 - first;
+  scratch.resize(static_cast<size_t>(G) * n);
+  float* scores = scratch.data();  // [G, n]
+  __m512 qv[G][C];
+  const __m512 scale = _mm512_set1_ps(s.scale);
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c)
+      qv[g][c] = _mm512_mul_ps(load16(q + (kvh * G + g) * s.q_head + 16 * c), scale);
+  for (int j = first; j <= pos;) {
+    const int64_t base = blocks[j / s.block_size] * s.c_block + kvh * s.c_head;
+    const int end = std::min(pos + 1, (j / s.block_size + 1) * s.block_size);
+    for (; j + 4 <= end; j += 4) {  // four keys: their 4 x G dot products reduced together
+      __m512 part[G][4];
+      for (int u = 0; u < 4; ++u) {
+        const T* k = kc + base + ((j + u) % s.block_size) * s.c_tok;
+        __m512 kv[C];
+        for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
+        for (int g = 0; g < G; ++g) part[g][u] = dot16<C>(qv[g], kv);
+      }
+      for (int g = 0; g < G; ++g)
+        _mm_storeu_ps(scores + g * n + (j - first),
+                      reduce4(part[g][0], part[g][1], part[g][2], part[g][3]));
+    }
+    for (; j < end; ++j) {
+      const T* k = kc + base + (j % s.block_size) * s.c_tok;
+      __m512 kv[C];
+      for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
+      for (int g = 0; g < G; ++g)
+        scores[g * n + (j - first)] = _mm512_reduce_add_ps(dot16<C>(qv[g], kv));
+    }
+  }
+  for (int g = 0; g < G; ++g) {
+    float* sg = scores + g * n;
+    float top = sg[0];
+    for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - top);
+      sum += sg[j];
+    }
+    const float inv = 1.f / sum;
+    for (int j = 0; j < n; ++j) sg[j] *= inv;
+  }
+  __m512 acc[G][C];
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+  for (int j = first; j <= pos;) {
+    const int64_t base = blocks[j / s.block_size] * s.c_block + kvh * s.c_head;
+    const int end = std::min(pos + 1, (j / s.block_size + 1) * s.block_size);
+    for (; j < end; ++j) {
+      const T* v = vc + base + (j % s.block_size) * s.c_tok;
+      __m512 vv[C];
+      for (int c = 0; c < C; ++c) vv[c] = load16(v + 16 * c);
+      for (int g = 0; g < G; ++g) {
+        const __m512 p = _mm512_set1_ps(scores[g * n + (j - first)]);
+        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+      }
+    }
+  }
+  for (int g = 0; g < G; ++g)
+    for (int c = 0; c < C; ++c) store16(out + (kvh * G + g) * s.out_head + 16 * c, acc[g][c]);
+}
+
+// The AVX-512 instance for (D, G), or nullptr when there is none.
+template <typename T>
+using AttendFn = void (*)(const T*, const T*, const T*, const int32_t*, int, int, T*,
+                          const Shape&, std::vector<float>&);
+
+template <typename T, int C>
+AttendFn<T> avx512_for_groups(int groups) {
+  switch (groups) {
+    case 1: return attend_one_avx512<T, C, 1>;
+    case 2: return attend_one_avx512<T, C, 2>;
+    case 3: return attend_one_avx512<T, C, 3>;
+    case 4: return attend_one_avx512<T, C, 4>;
+    case 6: return attend_one_avx512<T, C, 6>;
+    case 8: return attend_one_avx512<T, C, 8>;
+    default: return nullptr;
+  }
+}
+
+template <typename T>
+AttendFn<T> avx512_for(int head_size, int groups) {
+  switch (head_size) {
+    case 64: return avx512_for_groups<T, 4>(groups);
+    case 128: return avx512_for_groups<T, 8>(groups);
+    default: return nullptr;
+  }
+}
+#endif
+
 template <typename T, int kD>
 void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table,
                 const int32_t* tok_row, const int32_t* tok_req, const int32_t* tok_pos,
                 int64_t num_tokens, T* out,
                 const Shape& s, int num_threads) {
   const int64_t items = num_tokens * s.kv_heads;
+#if defined(__AVX512F__)
+  const AttendFn<T> fast = avx512_for<T>(s.head_size, s.heads / s.kv_heads);
+#endif
 #pragma omp parallel num_threads(num_threads)
   {
     std::vector<float> scratch;
@@ -124,6 +261,13 @@ void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table
       const int64_t t = item / s.kv_heads;
       const int kvh = static_cast<int>(item % s.kv_heads);
       const int64_t row = tok_row[t];
+#if defined(__AVX512F__)
+      if (fast != nullptr) {
+        fast(q + row * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride, tok_pos[t],
+             kvh, out + row * s.out_tok, s, scratch);
+        continue;
+      }
+#endif
       attend_one<T, kD>(q + row * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride,
                         tok_pos[t], kvh, out + row * s.out_tok, s, scratch);
     }

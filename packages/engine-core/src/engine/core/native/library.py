@@ -1,9 +1,10 @@
-"""Build, cache and load the CPU attention kernels (``paged_attention.cpp``).
+"""Build, cache and load the engine's CPU kernels (the ``*.cpp`` files beside this one).
 
-The source is compiled on first use with the system C++ compiler (``$CXX``, else ``c++`` or
-``g++``) for this machine (``-O3 -march=native -fopenmp``) into the cache directory
+``paged_attention.cpp`` (the ``cpu`` attention backend) is compiled on first use with the
+system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``) for this machine
+(``-O3 -march=native -ffast-math -fopenmp``) into the cache directory
 (``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or ``~/.cache/engine``), under a
-name derived from the source, the compiler and the CPU's flags; later processes load the
+name derived from the sources, the compiler and the CPU's flags; later processes load the
 built file in milliseconds. The library is called through ``ctypes`` with raw pointers, so
 it needs neither Python nor torch headers, and its OpenMP calls run on the runtime torch
 already loaded (same ``libgomp.so.1``), with torch's thread count.
@@ -26,8 +27,11 @@ from pathlib import Path
 
 import torch
 
-SOURCE = Path(__file__).with_name("paged_attention.cpp")
-FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-shared", "-fPIC", "-std=c++17")
+SOURCES = (Path(__file__).with_name("paged_attention.cpp"),)
+# -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
+# constructor turns on flush-to-zero for the whole process (torch's numerics included).
+COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
+LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
@@ -64,12 +68,17 @@ def _cpu_flags() -> str:
 def _build(compiler: str, target: Path) -> None:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
         built = Path(tmp) / target.name
-        result = subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(built)],
-                                capture_output=True, text=True, timeout=300)
-        if result.returncode != 0:
-            raise NativeKernelsUnavailable(
-                f"building {SOURCE.name} with {compiler} failed:\n{result.stderr.strip()}")
+        commands = [([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)], source.name)
+                    for source, obj in zip(SOURCES, objects, strict=True)]
+        commands.append(([compiler, *LINK_FLAGS, *map(str, objects), "-o", str(built)],
+                         target.name))
+        for command, what in commands:
+            result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+            if result.returncode != 0:
+                raise NativeKernelsUnavailable(
+                    f"building {what} with {compiler} failed:\n{result.stderr.strip()}")
         os.replace(built, target)  # atomic: a concurrent process sees all of it or none
 
 
@@ -82,11 +91,12 @@ def load() -> NativeKernels:
     if compiler is None:
         raise NativeKernelsUnavailable(
             "no C++ compiler found ($CXX, c++, g++ or clang++ on PATH); install one (e.g. "
-            "apt install g++) to build the CPU attention kernels")
+            "apt install g++) to build the engine's CPU kernels")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
-        [SOURCE.read_text(), compiler, version, " ".join(FLAGS), _cpu_flags()]).encode())
-    target = cache_dir() / "cpu_kernels" / f"paged_attention-{key.hexdigest()[:16]}.so"
+        [*(source.read_text() for source in SOURCES), compiler, version,
+         " ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_flags()]).encode())
+    target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
         _build(compiler, target)
     try:
