@@ -4,10 +4,10 @@ Every query row of the step (decodes and prefill chunks alike) goes to the nativ
 (``engine/core/native/paged_attention.cpp``): one work item per query row and KV head,
 keys and values read in place from their blocks, float32 softmax, OpenMP over torch's
 threads. Nothing is gathered, padded or masked, so a step costs what its cached context
-does. The new keys and values are written into their slots by the same library. Against the ``torch`` backend's
-SDPA over gathered blocks, one layer of the benchmark model: 8-30x faster per decode step
-of 64 requests, 1.1-1.8x on prefill chunks up to 1024 tokens (``benchmarks/
-attention_cpu.py``).
+does. The new keys and values are written into their slots by the same library. Against
+the ``torch`` backend's SDPA over gathered blocks, one layer of the benchmark model: 8-30x
+faster per decode step of 64 requests, 1.1-1.8x on prefill chunks up to 1024 tokens
+(``benchmarks/attention_cpu.py``).
 
 The backend needs a C++ compiler at first use (the build is cached; see
 ``engine.core.native.library``); without one ``supports`` says so and the platform falls back to
