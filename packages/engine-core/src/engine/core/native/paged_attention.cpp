@@ -149,6 +149,16 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// Ask for the next block's rows of this head before they are needed: a head's rows of one
+// block are contiguous (block_size * head_size elements) but blocks are scattered, so the
+// hardware prefetcher, which follows one stream within a page, starts each block cold.
+template <typename T>
+inline void prefetch_block(const T* rows, const Shape& s) {
+  const char* p = reinterpret_cast<const char*>(rows);
+  const int64_t bytes = static_cast<int64_t>(s.block_size) * s.c_tok * sizeof(T);
+  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+}
+
 template <typename T, int C, int G>
 void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
                        int kvh, T* out, const Shape& s, std::vector<float>& scratch) {
@@ -161,9 +171,13 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c)
       qv[g][c] = _mm512_mul_ps(load16(q + (kvh * G + g) * s.q_head + 16 * c), scale);
+  const int last_block = pos / s.block_size;
   for (int j = first; j <= pos;) {
-    const int64_t base = blocks[j / s.block_size] * s.c_block + kvh * s.c_head;
-    const int end = std::min(pos + 1, (j / s.block_size + 1) * s.block_size);
+    const int block = j / s.block_size;
+    const int64_t base = blocks[block] * s.c_block + kvh * s.c_head;
+    const int end = std::min(pos + 1, (block + 1) * s.block_size);
+    if (block < last_block)
+      prefetch_block(kc + blocks[block + 1] * s.c_block + kvh * s.c_head, s);
     for (; j + 4 <= end; j += 4) {  // four keys: their 4 x G dot products reduced together
       __m512 part[G][4];
       for (int u = 0; u < 4; ++u) {
@@ -184,6 +198,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
         scores[g * n + (j - first)] = _mm512_reduce_add_ps(dot16<C>(qv[g], kv));
     }
   }
+  prefetch_block(vc + blocks[first / s.block_size] * s.c_block + kvh * s.c_head, s);
   for (int g = 0; g < G; ++g) {
     float* sg = scores + g * n;
     float top = sg[0];
@@ -200,8 +215,11 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int j = first; j <= pos;) {
-    const int64_t base = blocks[j / s.block_size] * s.c_block + kvh * s.c_head;
-    const int end = std::min(pos + 1, (j / s.block_size + 1) * s.block_size);
+    const int block = j / s.block_size;
+    const int64_t base = blocks[block] * s.c_block + kvh * s.c_head;
+    const int end = std::min(pos + 1, (block + 1) * s.block_size);
+    if (block < last_block)
+      prefetch_block(vc + blocks[block + 1] * s.c_block + kvh * s.c_head, s);
     for (; j < end; ++j) {
       const T* v = vc + base + (j % s.block_size) * s.c_tok;
       __m512 vv[C];
