@@ -1,8 +1,9 @@
 """The CPU attention backends side by side: ``cpu`` (C++ paged kernel) vs ``torch`` (SDPA).
 
-One attention layer of the benchmark model's geometry (12 query heads, 4 KV heads, head
-size 64, bf16, blocks of 16 scattered over a large pool), per step shape: the metadata
-build, the KV write and the attention, best of several timed loops.
+The attention of one step of the benchmark model (12 layers, each with its own KV cache
+of 2048 blocks of 16 tokens; 12 query heads, 4 KV heads, head size 64, bf16), per step
+shape: the metadata built once, then each layer's KV write and attention; the requests'
+blocks scattered over the pool; best of several timed loops.
 
     .venv/bin/python benchmarks/attention_cpu.py [--threads 2] [--dtype bfloat16]
 """
@@ -26,7 +27,8 @@ from engine.sdk.attention import (
 )
 
 HEADS, KV_HEADS, HEAD_SIZE, BLOCK = 12, 4, 64, 16
-POOL_BLOCKS = 8192
+POOL_BLOCKS = 2048
+LAYERS = 12
 
 # (name, [(cached tokens, new tokens) per request])
 SHAPES = [
@@ -74,7 +76,7 @@ def best_ms(fn: Callable[[], None], loops: int = 5, repeats: int = 7) -> float:
 
 
 def step_ms(backend: type[AttentionBackend], reqs: list[tuple[int, int]], dtype: torch.dtype,
-            cache: torch.Tensor) -> float:
+            caches: list[torch.Tensor]) -> float:
     name = str(dtype).removeprefix("torch.")
     spec = AttentionSpec(num_heads=HEADS, num_kv_heads=KV_HEADS, head_size=HEAD_SIZE,
                          dtype=name, kv_cache_dtype=name, block_size=BLOCK)
@@ -90,7 +92,9 @@ def step_ms(backend: type[AttentionBackend], reqs: list[tuple[int, int]], dtype:
     out = torch.empty_like(query)
 
     def step() -> None:
-        impl.forward(query, key, key, cache, builder.build(common), out)
+        metadata = builder.build(common)
+        for cache in caches:
+            impl.forward(query, key, key, cache, metadata, out)
 
     return best_ms(step)
 
@@ -102,18 +106,19 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
-    cache = torch.randn(CpuAttentionBackend.get_kv_cache_shape(
-        POOL_BLOCKS, BLOCK, KV_HEADS, HEAD_SIZE)).to(dtype)
+    shape = CpuAttentionBackend.get_kv_cache_shape(POOL_BLOCKS, BLOCK, KV_HEADS, HEAD_SIZE)
+    caches = [torch.randn(shape).to(dtype) for _ in range(LAYERS)]
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
              if f in open("/proc/cpuinfo").read()]
     print(f"torch {torch.__version__}, {args.threads} threads, {args.dtype}, cpu flags: "
-          f"{' '.join(flags)}; one layer: {HEADS}/{KV_HEADS} heads, head size {HEAD_SIZE}, "
-          f"block {BLOCK}; ms per step (metadata + KV write + attention), best of 7")
+          f"{' '.join(flags)}; {LAYERS} layers of {HEADS}/{KV_HEADS} heads, head size "
+          f"{HEAD_SIZE}, block {BLOCK}; ms per step (metadata + {LAYERS} x (KV write + "
+          f"attention)), best of 7")
     print("| step | torch ms | cpu ms | torch / cpu |")
     print("|---|---|---|---|")
     for name, reqs in SHAPES:
-        torch_ms = step_ms(TorchAttentionBackend, reqs, dtype, cache)
-        cpu_ms = step_ms(CpuAttentionBackend, reqs, dtype, cache)
+        torch_ms = step_ms(TorchAttentionBackend, reqs, dtype, caches)
+        cpu_ms = step_ms(CpuAttentionBackend, reqs, dtype, caches)
         print(f"| {name} | {torch_ms:.3f} | {cpu_ms:.3f} | {torch_ms / cpu_ms:.2f} |")
 
 

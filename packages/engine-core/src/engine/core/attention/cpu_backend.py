@@ -5,8 +5,8 @@ Every query row of the step (decodes and prefill chunks alike) goes to the nativ
 keys and values read in place from their blocks, float32 softmax, OpenMP over torch's
 threads. Nothing is gathered, padded or masked, so a step costs what its cached context
 does. The new keys and values are written into their slots by the same library. Against
-the ``torch`` backend's SDPA over gathered blocks, one layer of the benchmark model: 8-30x
-faster per decode step of 64 requests, 1.1-1.8x on prefill chunks up to 1024 tokens
+the ``torch`` backend's SDPA over gathered blocks, the 12 layers of the benchmark model:
+4-9x faster per decode step of 64 requests, 1.3-2.6x on prefill chunks up to 1024 tokens
 (``benchmarks/attention_cpu.py``).
 
 The backend needs a C++ compiler at first use (the build is cached; see

@@ -127,6 +127,7 @@ class NativeKernels:
         ``slots``: int64 ``[tokens]``; the caches ``[blocks, kv_heads, block_size, D]``.
         """
         tokens, kv_heads, head_size = key.shape
+        _check_layout("write_kv", (key, value), (key_cache, value_cache), (slots,), torch.int64)
         self._write_kv(
             key.element_size(), key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
             value.stride(0), value.stride(1), key_cache.data_ptr(), value_cache.data_ptr(),
@@ -147,6 +148,8 @@ class NativeKernels:
         ``0..positions[i]`` and fills output row ``rows[i]``.
         """
         _, heads, head_size = query.shape
+        _check_layout("paged_attention", (query, output), (key_cache, value_cache),
+                      (block_table, rows, requests, positions), torch.int32)
         status = self._attention(
             DTYPE_CODES[query.dtype], query.data_ptr(), query.stride(0), query.stride(1),
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
@@ -156,3 +159,24 @@ class NativeKernels:
             sliding_window or 0, scale, torch.get_num_threads())
         if status:
             raise ValueError(f"paged_attention: unsupported dtype {query.dtype}")
+
+
+def _check_layout(kernel: str, rows: tuple[torch.Tensor, ...], caches: tuple[torch.Tensor, ...],
+                  indices: tuple[torch.Tensor, ...], index_dtype: torch.dtype) -> None:
+    """Refuse what the C++ code would misread (it trusts shapes, strides and dtypes)."""
+    dtype = caches[0].dtype
+    head_size = caches[0].shape[-1]
+    if (any(t.dim() != 3 or t.stride(-1) != 1 or t.dtype != dtype or t.shape[-1] != head_size
+            for t in rows)
+            or any(t.dim() != 4 or not t[0].is_contiguous() or t.dtype != dtype
+                   for t in caches)):
+        raise ValueError(
+            f"{kernel}: expected [tokens, heads, head_size] rows with a contiguous last axis "
+            f"and [blocks, kv_heads, block_size, head_size] caches with contiguous blocks, "
+            f"all {dtype}; got rows {[(tuple(t.shape), t.dtype) for t in rows]}, caches "
+            f"{[(tuple(t.shape), t.dtype) for t in caches]}")
+    if any(t.dtype != index_dtype or t.stride(-1) != 1 for t in indices):
+        raise ValueError(f"{kernel}: index tensors must be {index_dtype} with a contiguous "
+                         f"last axis, got {[(tuple(t.shape), t.dtype) for t in indices]}")
+    if any(t.device.type != "cpu" for t in rows + caches + indices):
+        raise ValueError(f"{kernel}: every tensor must be on the CPU")
