@@ -175,3 +175,15 @@ def test_the_kernels_refuse_layouts_they_would_misread() -> None:
     with pytest.raises(ValueError, match="write_kv: expected"):
         kernels.write_kv(torch.zeros(1, 2, 8)[:, :, ::2], torch.zeros(1, 2, 4), cache[0],
                          cache[1], torch.zeros(1, dtype=torch.int64))
+
+
+def test_an_unwritable_cache_directory_is_reported(monkeypatch, tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where the cache directory would go
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(blocker / "engine"))
+    library.load.cache_clear()
+    try:
+        with pytest.raises(library.NativeKernelsUnavailable, match="set ENGINE_CACHE_DIR"):
+            library.load()
+    finally:
+        library.load.cache_clear()

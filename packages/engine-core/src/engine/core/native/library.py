@@ -98,7 +98,12 @@ def load() -> NativeKernels:
          " ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_flags()]).encode())
     target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
-        _build(compiler, target)
+        try:
+            _build(compiler, target)
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise NativeKernelsUnavailable(
+                f"building into {target.parent} failed ({exc}); set ENGINE_CACHE_DIR to a "
+                f"writable directory") from None
     try:
         return NativeKernels(ctypes.CDLL(str(target)))
     except OSError as exc:

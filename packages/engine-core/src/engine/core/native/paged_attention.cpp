@@ -54,6 +54,22 @@ struct Shape {
   float scale;
 };
 
+// In place: each of `rows` rows of n scores becomes its softmax.
+inline void softmax_rows(float* scores, int rows, int n) {
+  for (int g = 0; g < rows; ++g) {
+    float* sg = scores + g * n;
+    float top = sg[0];
+    for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
+    float sum = 0.f;
+    for (int j = 0; j < n; ++j) {
+      sg[j] = std::exp(sg[j] - top);
+      sum += sg[j];
+    }
+    const float inv = 1.f / sum;
+    for (int j = 0; j < n; ++j) sg[j] *= inv;
+  }
+}
+
 template <typename T, int kD>
 void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos, int kvh,
                 T* out, const Shape& s, std::vector<float>& scratch) {
@@ -83,18 +99,7 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
       scores[g * n + (j - first)] = dot;
     }
   }
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * n;
-    float top = sg[0];
-    for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
-    float sum = 0.f;
-    for (int j = 0; j < n; ++j) {
-      sg[j] = std::exp(sg[j] - top);
-      sum += sg[j];
-    }
-    const float inv = 1.f / sum;
-    for (int j = 0; j < n; ++j) sg[j] *= inv;
-  }
+  softmax_rows(scores, G, n);
   std::fill(acc, acc + G * D, 0.f);
   for (int j = first; j <= pos; ++j) {
     const T* v = vc + blocks[j / s.block_size] * s.c_block + kvh * s.c_head +
@@ -199,18 +204,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
     }
   }
   prefetch_block(vc + blocks[first / s.block_size] * s.c_block + kvh * s.c_head, s);
-  for (int g = 0; g < G; ++g) {
-    float* sg = scores + g * n;
-    float top = sg[0];
-    for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
-    float sum = 0.f;
-    for (int j = 0; j < n; ++j) {
-      sg[j] = std::exp(sg[j] - top);
-      sum += sg[j];
-    }
-    const float inv = 1.f / sum;
-    for (int j = 0; j < n; ++j) sg[j] *= inv;
-  }
+  softmax_rows(scores, G, n);
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
