@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.core.attention import TorchAttentionBackend
+from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_executor.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
 from engine.sdk.attention import AttentionContext, CommonAttentionMetadata
@@ -18,23 +18,23 @@ from engine.testing.models import build_tiny_checkpoint
 BLOCK = 4
 
 
-def build(kind: str, tmp_path: Path):
+def build(kind: str, tmp_path: Path, backend=TorchAttentionBackend):
     from transformers import AutoModelForCausalLM
 
     path = build_tiny_checkpoint(tmp_path / kind, kind)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     factory = LayerFactory(dtype=torch.float32, block_size=BLOCK,
-                           attention_backend=TorchAttentionBackend)
+                           attention_backend=backend)
     cls = Qwen2ForCausalLM if kind == "qwen2" else LlamaForCausalLM
     model = cls(ModelContext(hf_config=hf.config, layers=factory))
     model.load_weights(hf.state_dict().items())
     return hf, model, factory
 
 
-def run_prefill(model, factory, prompts, num_blocks=64):
+def run_prefill(model, factory, prompts, num_blocks=64, backend=TorchAttentionBackend):
     """One step computing every prompt in full; returns logits of every token."""
     spec = next(iter(factory.attention_layers.values())).impl.params.spec
-    shape = TorchAttentionBackend.get_kv_cache_shape(num_blocks, BLOCK, spec.num_kv_heads,
+    shape = backend.get_kv_cache_shape(num_blocks, BLOCK, spec.num_kv_heads,
                                                      spec.head_size)
     for layer in factory.attention_layers.values():
         layer.kv_cache = torch.zeros(shape)
@@ -59,19 +59,21 @@ def run_prefill(model, factory, prompts, num_blocks=64):
     ctx = AttentionContext(spec=spec, layer_names=tuple(factory.attention_layers),
                            device="cpu", max_num_reqs=8, max_num_batched_tokens=512,
                            max_model_len=256)
-    metadata = TorchAttentionBackend.get_builder_cls()(ctx).build(common)
+    metadata = backend.get_builder_cls()(ctx).build(common)
     input_ids = torch.tensor([t for p in prompts for t in p])
     with torch.inference_mode():
         hidden = model(input_ids, torch.tensor(positions), metadata)
         return model.compute_logits(hidden), qsl
 
 
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend],
+                         ids=lambda b: b.name)
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
-def test_prefill_logits_match_transformers(kind: str, tmp_path: Path) -> None:
-    hf, model, factory = build(kind, tmp_path)
+def test_prefill_logits_match_transformers(kind: str, backend, tmp_path: Path) -> None:
+    hf, model, factory = build(kind, tmp_path, backend)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(3, 500, (n,), generator=gen).tolist() for n in (5, 17, 1, 9)]
-    logits, qsl = run_prefill(model, factory, prompts)
+    logits, qsl = run_prefill(model, factory, prompts, backend=backend)
     for i, prompt in enumerate(prompts):
         with torch.inference_mode():
             expected = hf(torch.tensor([prompt])).logits[0]

@@ -13,10 +13,14 @@ from engine.testing.engine import assert_kv_pool_full, hf_greedy
 PROMPTS = [[5, 9, 33, 7], list(range(40, 77)), [300], list(range(100, 117)) * 2]
 
 
+@pytest.mark.parametrize("attention_backend", ["cpu", "torch"])
 @pytest.mark.parametrize("checkpoint", ["tiny_llama", "tiny_qwen2"])
-def test_greedy_tokens_equal_transformers(checkpoint: str, request: pytest.FixtureRequest) -> None:
+def test_greedy_tokens_equal_transformers(checkpoint: str, attention_backend: str,
+                                          request: pytest.FixtureRequest) -> None:
     path: Path = request.getfixturevalue(checkpoint)
-    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=128, in_process=True)
+    llm = LLM(str(path), dtype="float32", block_size=4, num_kv_blocks=128, in_process=True,
+              attention_backend=attention_backend)
+    assert llm.llm_engine.core.worker.built.backend.name == attention_backend
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params, use_tqdm=False)
     expected = hf_greedy(path, PROMPTS, 32)
