@@ -167,11 +167,11 @@ def test_the_kernels_refuse_layouts_they_would_misread() -> None:
     query = torch.zeros(1, 4, 8)
     with pytest.raises(ValueError, match="paged_attention: expected .* all torch.float32"):
         kernels.paged_attention(query.to(torch.bfloat16), cache[0], cache[1],
-                                torch.zeros(1, 1, dtype=torch.int32), index, index, index,
-                                query, 1.0, None)
+                                torch.zeros(1, 1, dtype=torch.int32), index, index, query,
+                                1.0, None)
     with pytest.raises(ValueError, match="index tensors must be torch.int32"):
         kernels.paged_attention(query, cache[0], cache[1], torch.zeros(1, 1), index, index,
-                                index, query, 1.0, None)
+                                query, 1.0, None)
     with pytest.raises(ValueError, match="write_kv: expected"):
         kernels.write_kv(torch.zeros(1, 2, 8)[:, :, ::2], torch.zeros(1, 2, 4), cache[0],
                          cache[1], torch.zeros(1, dtype=torch.int64))

@@ -45,7 +45,6 @@ class CpuAttentionMetadata:
     Attributes:
         slots: ``[num_actual_tokens]`` int64 cache slot of each new token.
         block_table: ``[num_reqs, max_blocks]`` int32, rows contiguous.
-        rows: ``[num_actual_tokens]`` int32 query (and output) row of each work item.
         requests: ``[num_actual_tokens]`` int32 request of each query row.
         positions: ``[num_actual_tokens]`` int32 position of each query row (it sees its
             request's keys ``0..position``).
@@ -53,7 +52,6 @@ class CpuAttentionMetadata:
 
     slots: torch.Tensor
     block_table: torch.Tensor
-    rows: torch.Tensor
     requests: torch.Tensor
     positions: torch.Tensor
 
@@ -64,13 +62,12 @@ class CpuAttentionMetadataBuilder(AttentionMetadataBuilder[CpuAttentionMetadata]
         seq_lens = common.seq_lens_cpu.numpy()
         query_lens = np.diff(query_start)
         requests = np.repeat(np.arange(len(query_lens), dtype=np.int32), query_lens)
-        rows = np.arange(len(requests), dtype=np.int32)
         # Position of each row: its request's cached length plus its index in the request.
+        rows = np.arange(len(requests))
         positions = seq_lens[requests] - query_lens[requests] + rows - query_start[requests]
         return CpuAttentionMetadata(
             slots=common.slot_mapping[: common.num_actual_tokens],
             block_table=common.block_table.contiguous(),
-            rows=torch.from_numpy(rows),
             requests=torch.from_numpy(requests),
             positions=torch.from_numpy(positions.astype(np.int32)),
         )
@@ -91,8 +88,8 @@ class CpuAttentionImpl(AttentionImpl[CpuAttentionMetadata]):
                                metadata.slots)
         scale = self.params.scale
         self._kernels.paged_attention(
-            query, key_cache, value_cache, metadata.block_table, metadata.rows,
-            metadata.requests, metadata.positions, output,
+            query, key_cache, value_cache, metadata.block_table, metadata.requests,
+            metadata.positions, output,
             scale if scale is not None else query.shape[-1] ** -0.5,
             self.params.spec.sliding_window)
         return output

@@ -83,34 +83,28 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
         metadata: TorchAttentionMetadata, output: torch.Tensor,
     ) -> torch.Tensor:
         num_tokens = metadata.num_actual_tokens
+        head_size = key.shape[2]
         key_cache, value_cache = kv_cache[0], kv_cache[1]
         blocks, offsets = metadata.slot_blocks, metadata.slot_offsets
         key_cache[blocks, :, offsets] = key[:num_tokens]
         value_cache[blocks, :, offsets] = value[:num_tokens]
-        attend_groups(query, key_cache, value_cache, metadata.groups, self.params.scale, output)
+        flat_out = output.view(output.shape[0], -1)
+        num_kv_heads = key_cache.shape[1]
+        for group in metadata.groups:
+            n, q_len = group.q_index.shape
+            k = _gather(key_cache, group.block_ids, group.kv_len)
+            v = _gather(value_cache, group.block_ids, group.kv_len)
+            # [n, Q, H, D] -> [n, KVH, G * Q, D]: row g * Q + i is query i of head kvh * G + g.
+            q = query[group.q_index.view(-1)].view(n, q_len, num_kv_heads, -1, head_size)
+            groups = q.shape[3]
+            q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, groups * q_len, head_size)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
+                                                 scale=self.params.scale)
+            # [n, KVH, G * Q, D] -> [n * Q, H * D]
+            out = out.view(n, num_kv_heads, groups, q_len, head_size).permute(0, 3, 1, 2, 4)
+            out = out.reshape(n * q_len, -1)
+            flat_out.index_copy_(0, group.out_rows, out.index_select(0, group.out_positions))
         return output
-
-
-def attend_groups(query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-                  groups: tuple[AttentionGroup, ...], scale: float | None,
-                  output: torch.Tensor) -> None:
-    """One masked SDPA per group over its gathered blocks, into ``output`` (``[T, H, D]``)."""
-    head_size = key_cache.shape[3]
-    flat_out = output.view(output.shape[0], -1)
-    num_kv_heads = key_cache.shape[1]
-    for group in groups:
-        n, q_len = group.q_index.shape
-        k = _gather(key_cache, group.block_ids, group.kv_len)
-        v = _gather(value_cache, group.block_ids, group.kv_len)
-        # [n, Q, H, D] -> [n, KVH, G * Q, D]: row g * Q + i is query i of head kvh * G + g.
-        q = query[group.q_index.view(-1)].view(n, q_len, num_kv_heads, -1, head_size)
-        per_kv = q.shape[3]
-        q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, per_kv * q_len, head_size)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask, scale=scale)
-        # [n, KVH, G * Q, D] -> [n * Q, H * D]
-        out = out.view(n, num_kv_heads, per_kv, q_len, head_size).permute(0, 3, 1, 2, 4)
-        out = out.reshape(n * q_len, -1)
-        flat_out.index_copy_(0, group.out_rows, out.index_select(0, group.out_positions))
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor,

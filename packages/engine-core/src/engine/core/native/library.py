@@ -117,8 +117,8 @@ class NativeKernels:
         self._attention = lib.engine_paged_attention
         self._attention.restype = _I32
         self._attention.argtypes = [
-            _I32, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _P, _I64, _P,
-            _I64, _I64, _I32, _I32, _I32, _I32, _I32, _F, _I32]
+            _I32, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64,
+            _I64, _I32, _I32, _I32, _I32, _I32, _F, _I32]
         self._write_kv = lib.engine_write_kv
         self._write_kv.restype = None
         self._write_kv.argtypes = [
@@ -141,29 +141,33 @@ class NativeKernels:
 
     def paged_attention(
         self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
-        block_table: torch.Tensor, rows: torch.Tensor, requests: torch.Tensor,
-        positions: torch.Tensor, output: torch.Tensor, scale: float, sliding_window: int | None,
+        block_table: torch.Tensor, requests: torch.Tensor, positions: torch.Tensor,
+        output: torch.Tensor, scale: float, sliding_window: int | None,
     ) -> None:
         """Attention of query rows over their requests' cached keys, into ``output``.
 
         ``query``/``output``: ``[tokens, heads, D]`` (last axis contiguous); ``block_table``
-        int32 ``[requests, max_blocks]`` (rows contiguous); ``rows``/``requests``/
-        ``positions``: int32, contiguous, one entry per query row computed: query row
-        ``rows[i]`` of request ``requests[i]`` sees that request's keys
-        ``0..positions[i]`` and fills output row ``rows[i]``.
+        int32 ``[requests, max_blocks]`` (rows contiguous); ``requests``/``positions``:
+        int32 ``[rows]``, contiguous: query row ``t < rows`` belongs to request
+        ``requests[t]``, sees that request's keys ``0..positions[t]`` and fills output row
+        ``t``.
         """
         _, heads, head_size = query.shape
         _check_layout("paged_attention", (query, output), (key_cache, value_cache),
-                      (block_table, rows, requests, positions), torch.int32)
+                      (block_table, requests, positions), torch.int32)
+        code = DTYPE_CODES.get(query.dtype)
+        if code is None:
+            raise ValueError(f"paged_attention: dtype {query.dtype} not supported; supported: "
+                             f"{', '.join(map(str, DTYPE_CODES))}")
         status = self._attention(
-            DTYPE_CODES[query.dtype], query.data_ptr(), query.stride(0), query.stride(1),
+            code, query.data_ptr(), query.stride(0), query.stride(1),
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
-            block_table.data_ptr(), block_table.stride(0), rows.data_ptr(), requests.data_ptr(),
-            positions.data_ptr(), rows.shape[0], output.data_ptr(), output.stride(0),
+            block_table.data_ptr(), block_table.stride(0), requests.data_ptr(),
+            positions.data_ptr(), requests.shape[0], output.data_ptr(), output.stride(0),
             output.stride(1), heads, key_cache.shape[1], head_size, key_cache.shape[2],
             sliding_window or 0, scale, torch.get_num_threads())
-        if status:
-            raise ValueError(f"paged_attention: unsupported dtype {query.dtype}")
+        if status:  # the library and DTYPE_CODES disagree: a stale or foreign build
+            raise RuntimeError(f"paged_attention: the library refused dtype code {code}")
 
 
 def _check_layout(kernel: str, rows: tuple[torch.Tensor, ...], caches: tuple[torch.Tensor, ...],

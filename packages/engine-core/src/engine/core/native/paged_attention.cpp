@@ -7,9 +7,9 @@
 // Layouts (strides in elements, so any view with a contiguous last axis works):
 //   query  [tokens, heads, head_size]          output the same
 //   cache  [blocks, kv_heads, block_size, head_size], keys and values in two tensors
-//   block_table [requests, max_blocks] int32; work item t is query row tok_row[t] of
-//   request tok_req[t] at position tok_pos[t]: it sees keys 0..tok_pos[t] (the last
-//   sliding_window of them when sliding_window > 0) and writes output row tok_row[t].
+//   block_table [requests, max_blocks] int32; query row t belongs to request tok_req[t] and
+//   sits at position tok_pos[t]: it sees keys 0..tok_pos[t] (the last sliding_window of
+//   them when sliding_window > 0) and fills output row t.
 // Scores, softmax and the weighted sum are float32 whatever the cache's dtype.
 
 #include <algorithm>
@@ -54,6 +54,18 @@ struct Shape {
   float scale;
 };
 
+// The first key a query at `pos` sees: the start of its sliding window, or 0.
+inline int first_key(int pos, const Shape& s) {
+  return s.sliding_window > 0 ? std::max(0, pos - s.sliding_window + 1) : 0;
+}
+
+// Head kvh's rows of the request's block b (block_size rows of head_size, contiguous).
+template <typename T>
+inline const T* head_rows(const T* cache, const int32_t* blocks, int b, int kvh,
+                          const Shape& s) {
+  return cache + blocks[b] * s.c_block + kvh * s.c_head;
+}
+
 // In place: each of `rows` rows of n scores becomes its softmax.
 inline void softmax_rows(float* scores, int rows, int n) {
   for (int g = 0; g < rows; ++g) {
@@ -75,7 +87,7 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
                 T* out, const Shape& s, std::vector<float>& scratch) {
   const int D = kD > 0 ? kD : s.head_size;
   const int G = s.heads / s.kv_heads;
-  const int first = s.sliding_window > 0 ? std::max(0, pos - s.sliding_window + 1) : 0;
+  const int first = first_key(pos, s);
   const int n = pos + 1 - first;
   scratch.resize(static_cast<size_t>(G) * (2 * D + n) + D);
   float* qf = scratch.data();          // [G, D], pre-scaled
@@ -87,8 +99,7 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
     for (int d = 0; d < D; ++d) qf[g * D + d] = load(qh, d) * s.scale;
   }
   for (int j = first; j <= pos; ++j) {
-    const T* k = kc + blocks[j / s.block_size] * s.c_block + kvh * s.c_head +
-                 (j % s.block_size) * s.c_tok;
+    const T* k = head_rows(kc, blocks, j / s.block_size, kvh, s) + (j % s.block_size) * s.c_tok;
 #pragma omp simd
     for (int d = 0; d < D; ++d) row[d] = load(k, d);
     for (int g = 0; g < G; ++g) {
@@ -102,8 +113,7 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
   softmax_rows(scores, G, n);
   std::fill(acc, acc + G * D, 0.f);
   for (int j = first; j <= pos; ++j) {
-    const T* v = vc + blocks[j / s.block_size] * s.c_block + kvh * s.c_head +
-                 (j % s.block_size) * s.c_tok;
+    const T* v = head_rows(vc, blocks, j / s.block_size, kvh, s) + (j % s.block_size) * s.c_tok;
 #pragma omp simd
     for (int d = 0; d < D; ++d) row[d] = load(v, d);
     for (int g = 0; g < G; ++g) {
@@ -167,7 +177,7 @@ inline void prefetch_block(const T* rows, const Shape& s) {
 template <typename T, int C, int G>
 void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
                        int kvh, T* out, const Shape& s, std::vector<float>& scratch) {
-  const int first = s.sliding_window > 0 ? std::max(0, pos - s.sliding_window + 1) : 0;
+  const int first = first_key(pos, s);
   const int n = pos + 1 - first;
   scratch.resize(static_cast<size_t>(G) * n);
   float* scores = scratch.data();  // [G, n]
@@ -179,14 +189,13 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   const int last_block = pos / s.block_size;
   for (int j = first; j <= pos;) {
     const int block = j / s.block_size;
-    const int64_t base = blocks[block] * s.c_block + kvh * s.c_head;
+    const T* rows = head_rows(kc, blocks, block, kvh, s);
     const int end = std::min(pos + 1, (block + 1) * s.block_size);
-    if (block < last_block)
-      prefetch_block(kc + blocks[block + 1] * s.c_block + kvh * s.c_head, s);
+    if (block < last_block) prefetch_block(head_rows(kc, blocks, block + 1, kvh, s), s);
     for (; j + 4 <= end; j += 4) {  // four keys: their 4 x G dot products reduced together
       __m512 part[G][4];
       for (int u = 0; u < 4; ++u) {
-        const T* k = kc + base + ((j + u) % s.block_size) * s.c_tok;
+        const T* k = rows + ((j + u) % s.block_size) * s.c_tok;
         __m512 kv[C];
         for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
         for (int g = 0; g < G; ++g) part[g][u] = dot16<C>(qv[g], kv);
@@ -196,26 +205,25 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
                       reduce4(part[g][0], part[g][1], part[g][2], part[g][3]));
     }
     for (; j < end; ++j) {
-      const T* k = kc + base + (j % s.block_size) * s.c_tok;
+      const T* k = rows + (j % s.block_size) * s.c_tok;
       __m512 kv[C];
       for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
       for (int g = 0; g < G; ++g)
         scores[g * n + (j - first)] = _mm512_reduce_add_ps(dot16<C>(qv[g], kv));
     }
   }
-  prefetch_block(vc + blocks[first / s.block_size] * s.c_block + kvh * s.c_head, s);
+  prefetch_block(head_rows(vc, blocks, first / s.block_size, kvh, s), s);
   softmax_rows(scores, G, n);
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
   for (int j = first; j <= pos;) {
     const int block = j / s.block_size;
-    const int64_t base = blocks[block] * s.c_block + kvh * s.c_head;
+    const T* rows = head_rows(vc, blocks, block, kvh, s);
     const int end = std::min(pos + 1, (block + 1) * s.block_size);
-    if (block < last_block)
-      prefetch_block(vc + blocks[block + 1] * s.c_block + kvh * s.c_head, s);
+    if (block < last_block) prefetch_block(head_rows(vc, blocks, block + 1, kvh, s), s);
     for (; j < end; ++j) {
-      const T* v = vc + base + (j % s.block_size) * s.c_tok;
+      const T* v = rows + (j % s.block_size) * s.c_tok;
       __m512 vv[C];
       for (int c = 0; c < C; ++c) vv[c] = load16(v + 16 * c);
       for (int g = 0; g < G; ++g) {
@@ -258,8 +266,7 @@ AttendFn<T> avx512_for(int head_size, int groups) {
 
 template <typename T, int kD>
 void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table,
-                const int32_t* tok_row, const int32_t* tok_req, const int32_t* tok_pos,
-                int64_t num_tokens, T* out,
+                const int32_t* tok_req, const int32_t* tok_pos, int64_t num_tokens, T* out,
                 const Shape& s, int num_threads) {
   const int64_t items = num_tokens * s.kv_heads;
 #if defined(__AVX512F__)
@@ -272,27 +279,26 @@ void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = item / s.kv_heads;
       const int kvh = static_cast<int>(item % s.kv_heads);
-      const int64_t row = tok_row[t];
 #if defined(__AVX512F__)
       if (fast != nullptr) {
-        fast(q + row * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride, tok_pos[t],
-             kvh, out + row * s.out_tok, s, scratch);
+        fast(q + t * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride, tok_pos[t], kvh,
+             out + t * s.out_tok, s, scratch);
         continue;
       }
 #endif
-      attend_one<T, kD>(q + row * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride,
-                        tok_pos[t], kvh, out + row * s.out_tok, s, scratch);
+      attend_one<T, kD>(q + t * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride,
+                        tok_pos[t], kvh, out + t * s.out_tok, s, scratch);
     }
   }
 }
 
 template <typename T>
 void dispatch(const void* q, const void* kc, const void* vc, const int32_t* bt,
-              const int32_t* tok_row, const int32_t* tok_req, const int32_t* tok_pos, int64_t num_tokens, void* out,
+              const int32_t* tok_req, const int32_t* tok_pos, int64_t num_tokens, void* out,
               const Shape& s, int num_threads) {
   auto run = [&](auto d) {
     attend_all<T, decltype(d)::value>(static_cast<const T*>(q), static_cast<const T*>(kc),
-                                      static_cast<const T*>(vc), bt, tok_row, tok_req, tok_pos,
+                                      static_cast<const T*>(vc), bt, tok_req, tok_pos,
                                       num_tokens, static_cast<T*>(out), s, num_threads);
   };
   switch (s.head_size) {
@@ -310,18 +316,17 @@ extern "C" {
 int engine_paged_attention(int dtype, const void* q, int64_t q_tok, int64_t q_head,
                            const void* k_cache, const void* v_cache, int64_t c_block,
                            int64_t c_head, int64_t c_tok, const int32_t* block_table,
-                           int64_t bt_stride, const int32_t* tok_row, const int32_t* tok_req,
-                           const int32_t* tok_pos,
+                           int64_t bt_stride, const int32_t* tok_req, const int32_t* tok_pos,
                            int64_t num_tokens, void* out, int64_t out_tok, int64_t out_head,
                            int heads, int kv_heads, int head_size, int block_size,
                            int sliding_window, float scale, int num_threads) {
   const Shape s{q_tok, q_head, out_tok, out_head, c_block, c_head, c_tok, bt_stride,
                 heads, kv_heads, head_size, block_size, sliding_window, scale};
   if (dtype == kFloat32) {
-    dispatch<float>(q, k_cache, v_cache, block_table, tok_row, tok_req, tok_pos, num_tokens, out, s,
+    dispatch<float>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens, out, s,
                     num_threads);
   } else if (dtype == kBFloat16) {
-    dispatch<uint16_t>(q, k_cache, v_cache, block_table, tok_row, tok_req, tok_pos, num_tokens, out, s,
+    dispatch<uint16_t>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens, out, s,
                        num_threads);
   } else {
     return 1;
