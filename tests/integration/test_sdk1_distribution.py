@@ -137,8 +137,9 @@ def test_plugins_list_shows_each_op_implementation(sdk1_plugin_dir: Path) -> Non
     assert listed.returncode == 0, listed.stderr
     assert ("  rms_norm                     engine_test_plugin_sdk1.ops:Sdk1RMSNorm "
             f"({DIST} 1.0.0)  [default: an allowed replacement is used]") in listed.stdout
-    assert ("  silu_and_mul                 built-in engine.sdk.ops:SiluAndMulOp  [no "
-            "replacement is installed]") in listed.stdout
+    assert ("  silu_and_mul                 built-in "
+            "engine.core.model_executor.layers.builtin_ops:SiluAndMul  [no replacement is "
+            "installed]") in listed.stdout
     off = run_engine_cli(["plugins", "list", "--plugins", DIST, "--custom-ops=-rms_norm",
                           "--json"], sdk1_plugin_dir)
     assert off.returncode == 0, off.stderr

@@ -141,7 +141,7 @@ def test_without_a_compiler_the_platform_falls_back_to_torch(monkeypatch, caplog
 def test_a_failed_build_reports_the_compiler_output(monkeypatch, tmp_path) -> None:
     bad = tmp_path / "bad.cpp"
     bad.write_text("this is not C++\n")
-    monkeypatch.setattr(library, "SOURCES", (bad,))
+    monkeypatch.setattr(library, "SOURCES", {bad: ()})
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
     library.load.cache_clear()
     try:

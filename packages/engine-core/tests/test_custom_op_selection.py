@@ -43,6 +43,13 @@ class CountingRMSNorm(RMSNormOp):
         return self.forward_native(x, residual)
 
 
+class CudaOnlyRMSNorm(RMSNormOp):
+    """A replacement with a CUDA path only (as engine-kernels' are): the reference elsewhere."""
+
+    def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        return self.forward_native(x, residual)
+
+
 class NotAnRMSNorm(SiluAndMulOp):
     name: ClassVar[str] = "rms_norm"
 
@@ -118,7 +125,8 @@ def test_the_plan_says_why() -> None:
     plan = {c.name: c for c in plan_custom_ops(catalog, CustomOpSettings(
         ("-rms_norm",), ("+rms_norm",), "acme"))}
     assert plan["rms_norm"].reason == "--custom-ops: -rms_norm"
-    assert plan["rms_norm"].implementation == "built-in engine.sdk.ops:RMSNormOp"
+    assert plan["rms_norm"].implementation == (
+        "built-in engine.core.model_executor.layers.builtin_ops:RMSNorm")
     assert plan["silu_and_mul"].reason == "no replacement is installed"
     plan = {c.name: c for c in plan_custom_ops(catalog, CustomOpSettings(
         (), ("-rms_norm",), "acme"))}
@@ -134,6 +142,28 @@ def test_select_imports_only_what_is_used(caplog: pytest.LogCaptureFixture) -> N
     assert "rms_norm = " in caplog.text and "[default: an allowed replacement is used]" in (
         caplog.text)
     assert select_custom_ops(catalog, CustomOpSettings(("-rms_norm",))) == {}
+
+
+def test_by_default_a_replacement_without_a_path_for_the_device_leaves_the_built_in(
+        caplog: pytest.LogCaptureFixture) -> None:
+    catalog = _catalog_with(_entry("rms_norm", CudaOnlyRMSNorm))
+    with caplog.at_level(logging.INFO, "engine.worker"):
+        assert select_custom_ops(catalog, CustomOpSettings(), "cpu") == {}
+    assert "rms_norm = built-in engine.core.model_executor.layers.builtin_ops:RMSNorm" in (
+        caplog.text)
+    assert "has no cpu path of its own; --custom-ops +rms_norm uses it anyway" in caplog.text
+    # Its own device, the reference key, or an item naming it: the replacement is used.
+    assert select_custom_ops(catalog, CustomOpSettings(), "cuda") == {
+        "rms_norm": CudaOnlyRMSNorm}
+    assert select_custom_ops(catalog, CustomOpSettings()) == {"rms_norm": CudaOnlyRMSNorm}
+    for items in (("+rms_norm",), ("all",)):
+        assert select_custom_ops(catalog, CustomOpSettings(items), "cpu") == {
+            "rms_norm": CudaOnlyRMSNorm}
+    assert select_custom_ops(catalog, CustomOpSettings((), ("+rms_norm",), "acme"), "cpu") == {
+        "rms_norm": CudaOnlyRMSNorm}
+    # One with a CPU path of its own is used on the CPU by default.
+    assert select_custom_ops(_catalog_with(RMS), CustomOpSettings(), "cpu") == {
+        "rms_norm": CountingRMSNorm}
 
 
 def test_a_replacement_that_breaks_the_contract_names_its_distribution() -> None:
@@ -194,7 +224,7 @@ def test_the_operator_and_the_platform_choose_in_the_engine(
     CALLS.clear()
     # plugins=DIST: only ours (engine-kernels' rms_norm would be a second replacement).
     reference, norm, setup = _run(tiny_llama, plugins=DIST)  # the platform's -rms_norm applies
-    assert norm == "RMSNormOp" and CALLS["rms_norm"] == 0
+    assert norm == "RMSNorm" and CALLS["rms_norm"] == 0
     assert setup.enforce_eager is True and setup.custom_ops.platform == ("-rms_norm",)
     assert platform_disables_rms_norm[-1].custom_ops == []  # the engine filled in ours
     tokens, norm, setup = _run(tiny_llama, plugins=DIST, custom_ops=("+rms_norm",))  # ours wins
@@ -209,7 +239,7 @@ def test_enforce_eager_from_the_operator_is_kept(tiny_llama: Path) -> None:
     CpuPlatform.check_and_update_config(config)  # the built-in CPU sets nothing
     assert config.enforce_eager is False
     _, norm, setup = _run(tiny_llama, plugins="none", enforce_eager=True)
-    assert setup.enforce_eager is True and norm == "RMSNormOp"
+    assert setup.enforce_eager is True and norm == "RMSNorm"
 
 
 def test_unknown_op_names_fail_before_weights_load(tiny_llama: Path) -> None:

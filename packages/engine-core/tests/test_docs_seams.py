@@ -103,7 +103,7 @@ def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
     assert results[()] == results[("-rms_norm",)]  # in place, and still the reference
     exec_block(block("custom-ops.md", "# Offline, the same items as a list."))
     [llm] = tiny_llm.made[-1:]
-    assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "RMSNormOp"
+    assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "RMSNorm"
 
 
 # -- stat-loggers.md ------------------------------------------------------------------------

@@ -25,8 +25,8 @@ def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
                and "[default: an allowed replacement is used]" in line
                for line in _op_lines(result.stdout))
     none = run_engine_cli(["plugins", "list"], test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
-    assert all("built-in engine.sdk.ops:" in line and "[no replacement is installed]" in line
-               for line in _op_lines(none.stdout))
+    assert all("built-in engine.core.model_executor.layers.builtin_ops:" in line
+               and "[no replacement is installed]" in line for line in _op_lines(none.stdout))
 
 
 def test_bad_custom_ops_items_fail_listing_the_ops(test_plugins_dir: Path) -> None:

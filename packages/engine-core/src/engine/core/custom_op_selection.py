@@ -1,12 +1,16 @@
 """Which custom ops use a replacement: ``--custom-ops`` and the platform's ``custom_ops``.
 
 Every built-in op (``engine.sdk.ops.BUILTIN_OPS``: ``rms_norm``, ``rotary_embedding``,
-``silu_and_mul``) is built from one class: its built-in contract class (the reference
-implementation) or the replacement that an allowed ``engine.custom_ops`` entry registers
-under the op's name. Which one is decided by a list of items applied in order, a later
-item winning for the ops it names::
+``silu_and_mul``) is built from one class: the engine's built-in implementation
+(``engine.core.model_executor.layers.builtin_ops``: the contract's reference, with the
+engine's C++ kernels on the CPU) or the replacement that an allowed ``engine.custom_ops``
+entry registers under the op's name. Which one is decided by a list of items applied in
+order, a later item winning for the ops it names::
 
-    (nothing)       every op that has an allowed replacement uses it
+    (nothing)       every op that has an allowed replacement with a path of its own for
+                    the device uses it (one whose path there is the contract's reference,
+                    inherited, would only lose the built-in's kernels; the worker's log
+                    says so)
     all             every op that has an allowed replacement uses it
     none            no op uses a replacement
     +NAME or NAME   NAME uses its replacement
@@ -31,12 +35,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
 from engine.core.plugins import PluginCatalog, PluginEntry
 from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import CUSTOM_OPS
-from engine.sdk.ops import BUILTIN_OPS, CustomOp, check_replacement
+from engine.sdk.ops import BUILTIN_OPS, NATIVE, CustomOp, check_replacement
 
 logger = logging.getLogger("engine.worker")
 
@@ -146,20 +151,22 @@ class CustomOpChoice:
         replacement: The allowed ``engine.custom_ops`` entry for it, if one is installed.
         use_replacement: Whether the op is built from ``replacement``.
         reason: Why, in words (``"default"``, ``"--custom-ops -rms_norm"``, ...).
+        by_default: No item named the op (the default rule decided).
     """
 
     name: str
     replacement: PluginEntry | None
     use_replacement: bool
     reason: str
+    by_default: bool = False
 
     @property
     def implementation(self) -> str:
-        """``built-in engine.sdk.ops:RMSNormOp`` or the replacement's value and provider."""
+        """``built-in engine.core...:RMSNorm`` or the replacement's value and provider."""
         if self.use_replacement and self.replacement is not None:
             return f"{self.replacement.value} ({self.replacement.provider})"
-        contract = BUILTIN_OPS[self.name]
-        return f"built-in {contract.__module__}:{contract.__qualname__}"
+        builtin = BUILTIN_IMPLEMENTATIONS[self.name]
+        return f"built-in {builtin.__module__}:{builtin.__qualname__}"
 
 
 def _replacements(catalog: PluginCatalog) -> dict[str, PluginEntry]:
@@ -174,16 +181,26 @@ def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings) -> list[
     """Each built-in op's choice, from installed metadata and ``settings`` (no imports)."""
     replacements = _replacements(catalog)
     enabled = {name: (name in replacements, "default: an allowed replacement is used"
-                      if name in replacements else "no replacement is installed")
+                      if name in replacements else "no replacement is installed", True)
                for name in sorted(BUILTIN_OPS)}
     for item in settings.items():
         by = item.source if item.source == OPERATOR else f"the {item.source}"
         for name in ([item.op] if item.op is not None else list(enabled)):
             if name not in replacements:
                 continue  # nothing to enable or disable: the built-in either way
-            enabled[name] = (item.enable, f"{by}: {item.text}")
-    return [CustomOpChoice(name, replacements.get(name), use, reason)
-            for name, (use, reason) in enabled.items()]
+            enabled[name] = (item.enable, f"{by}: {item.text}", False)
+    return [CustomOpChoice(name, replacements.get(name), use, reason, by_default)
+            for name, (use, reason, by_default) in enabled.items()]
+
+
+def _own_path(name: str, cls: type[CustomOp], dispatch_key: str) -> bool:
+    """Whether ``cls`` runs code of its own with ``dispatch_key``: it overrides that key's
+    forward method or ``forward_native`` (which the contract's other methods call)."""
+    if dispatch_key == NATIVE:
+        return True
+    method = {"cpu": "forward_cpu", "cuda": "forward_cuda"}.get(dispatch_key, "forward_oot")
+    contract = BUILTIN_OPS[name]
+    return any(getattr(cls, m) is not getattr(contract, m) for m in (method, "forward_native"))
 
 
 def _unknown_replacements(catalog: PluginCatalog, settings: CustomOpSettings
@@ -196,12 +213,12 @@ def _unknown_replacements(catalog: PluginCatalog, settings: CustomOpSettings
     return unknown
 
 
-def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None
-                      ) -> dict[str, type[CustomOp]]:
+def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
+                      dispatch_key: str = NATIVE) -> dict[str, type[CustomOp]]:
     """The replacement class of every op that uses one, imported and checked.
 
-    Called: in each worker, once, while the model is built. Logs one INFO line saying
-    what every op is built from.
+    Called: in each worker, once, while the model is built with ``dispatch_key`` (the
+    platform's device type). Logs one INFO line saying what every op is built from.
 
     Raises:
         PluginError: a replacement in use fails to import, breaks its op's contract
@@ -215,7 +232,7 @@ def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None 
                           distribution=entry.distribution, version=entry.version)
     ops: dict[str, type[CustomOp]] = {}
     choices = plan_custom_ops(catalog, settings)
-    for choice in choices:
+    for i, choice in enumerate(choices):
         if not choice.use_replacement:
             continue
         entry = catalog.resolve(CUSTOM_OPS, choice.name)  # raises on a conflict
@@ -224,6 +241,11 @@ def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None 
         if not support.ok:
             raise PluginError(support.reason, plugin=entry.name, group=CUSTOM_OPS,
                               distribution=entry.distribution, version=entry.version)
+        if choice.by_default and not _own_path(choice.name, cls, dispatch_key):
+            choices[i] = replace(choice, use_replacement=False, reason=(
+                f"default: {entry.value} ({entry.provider}) has no {dispatch_key} path of its "
+                f"own; --custom-ops +{choice.name} uses it anyway"))
+            continue
         ops[choice.name] = cls
     logger.info("custom ops: %s", "; ".join(
         f"{c.name} = {c.implementation} [{c.reason}]" for c in choices))

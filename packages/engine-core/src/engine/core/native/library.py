@@ -1,13 +1,15 @@
 """Build, cache and load the engine's CPU kernels (the ``*.cpp`` files beside this one).
 
-``paged_attention.cpp`` (the ``cpu`` attention backend) is compiled on first use with the
-system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``) for this machine
-(``-O3 -march=native -ffast-math -fopenmp``) into the cache directory
-(``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or ``~/.cache/engine``), under a
-name derived from the sources, the compiler and the CPU's flags; later processes load the
-built file in milliseconds. The library is called through ``ctypes`` with raw pointers, so
-it needs neither Python nor torch headers, and its OpenMP calls run on the runtime torch
-already loaded (same ``libgomp.so.1``), with torch's thread count.
+``paged_attention.cpp`` (the ``cpu`` attention backend) and ``elementwise.cpp`` (the
+built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``) are compiled
+on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``)
+for this machine (``-O3 -march=native -fopenmp``; float flags per file, see ``SOURCES``)
+into the cache directory (``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or
+``~/.cache/engine``), under a name derived from the sources, the compiler and the CPU's
+flags; later processes load the built file in milliseconds. The library is called through
+``ctypes`` with raw pointers, so it needs neither Python nor torch headers, and its OpenMP
+calls run on the runtime torch already loaded (same ``libgomp.so.1``), with torch's thread
+count.
 
 Without a compiler, or when the build fails, ``load()`` raises ``NativeKernelsUnavailable``
 with the reason; the ``cpu`` attention backend reports that reason from ``supports`` and
@@ -27,10 +29,18 @@ from pathlib import Path
 
 import torch
 
-SOURCES = (Path(__file__).with_name("paged_attention.cpp"),)
+# Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
+# freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
+SOURCES = {
+    Path(__file__).with_name("paged_attention.cpp"): ("-ffast-math",),
+    Path(__file__).with_name("elementwise.cpp"): (
+        "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
+        "-ffp-contract=off"),
+}
+HEADERS = (Path(__file__).with_name("numerics.h"),)
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
-COMPILE_FLAGS = ("-O3", "-march=native", "-ffast-math", "-fopenmp", "-fPIC", "-std=c++17")
+COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -70,8 +80,9 @@ def _build(compiler: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
         built = Path(tmp) / target.name
-        commands = [([compiler, *COMPILE_FLAGS, "-c", str(source), "-o", str(obj)], source.name)
-                    for source, obj in zip(SOURCES, objects, strict=True)]
+        commands = [([compiler, *COMPILE_FLAGS, *flags, "-c", str(source), "-o", str(obj)],
+                     source.name)
+                    for (source, flags), obj in zip(SOURCES.items(), objects, strict=True)]
         commands.append(([compiler, *LINK_FLAGS, *map(str, objects), "-o", str(built)],
                          target.name))
         for command, what in commands:
@@ -94,8 +105,8 @@ def load() -> NativeKernels:
             "apt install g++) to build the engine's CPU kernels")
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
-        [*(source.read_text() for source in SOURCES), compiler, version,
-         " ".join(COMPILE_FLAGS + LINK_FLAGS), _cpu_flags()]).encode())
+        [*(source.read_text() for source in (*SOURCES, *HEADERS)), compiler, version,
+         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), _cpu_flags()]).encode())
     target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
@@ -124,6 +135,79 @@ class NativeKernels:
         self._write_kv.argtypes = [
             _I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _I32,
             _I32, _I32]
+        self._rms_norm = lib.engine_rms_norm
+        self._rms_norm.restype = _I32
+        self._rms_norm.argtypes = [_I32, _P, _I64, _P, _I64, _P, _I64, _I64, _F, _I32]
+        self._rotary = lib.engine_rotary_embedding
+        self._rotary.restype = _I32
+        self._rotary.argtypes = [_I32, _P, _I64, _P, _I64, _I64, _I32, _I32, _P, _I64, _I64,
+                                 _I32, _P, _I64, _I64, _I32, _I32]
+        self._silu_and_mul = lib.engine_silu_and_mul
+        self._silu_and_mul.restype = _I32
+        self._silu_and_mul.argtypes = [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32]
+
+    def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
+                 eps: float) -> None:
+        """In place: ``x`` ``[rows, n]`` becomes ``rms_norm(x + residual) * weight``.
+
+        ``residual`` (``[rows, n]``, or None) becomes ``x + residual`` rounded to the dtype;
+        ``weight``: ``[n]``, contiguous. One dtype for all three.
+        """
+        rows, n = x.shape
+        code = _dtype_code("rms_norm", x)
+        _check_rows("rms_norm", x.dtype, n, x, *(() if residual is None else (residual,)))
+        _check_rows("rms_norm", x.dtype, n, weight.view(1, -1))
+        _call("rms_norm", self._rms_norm(
+            code, x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
+            0 if residual is None else residual.stride(0), weight.data_ptr(), rows, n, eps,
+            torch.get_num_threads()))
+
+    def rotary_embedding(self, positions: torch.Tensor, query: torch.Tensor,
+                         key: torch.Tensor, cos_sin_cache: torch.Tensor, rotary_dim: int,
+                         is_neox_style: bool) -> None:
+        """In place: rotate ``query``/``key`` ``[tokens, heads, D]`` by their positions.
+
+        ``positions``: int64 ``[tokens]``, contiguous; ``cos_sin_cache``: float32
+        ``[max_position, rotary_dim]``, contiguous. A position outside the cache is an
+        IndexError (nothing is written).
+        """
+        tokens = positions.shape[0]
+        code = _dtype_code("rotary_embedding", query)
+        for t in (query, key):
+            if (t.dim() != 3 or t.shape[0] != tokens or t.stride(2) != 1 or t.dtype != query.dtype
+                    or not t.is_cpu or t.shape[2] < rotary_dim):
+                raise ValueError(
+                    f"rotary_embedding: expected query and key [{tokens}, heads, head_size >= "
+                    f"{rotary_dim}] of one dtype on the CPU with a contiguous last axis, got "
+                    f"{tuple(query.shape)} {query.dtype} and {tuple(key.shape)} {key.dtype}")
+        if (positions.dtype != torch.int64 or not positions.is_contiguous()
+                or cos_sin_cache.dtype != torch.float32 or not cos_sin_cache.is_contiguous()
+                or cos_sin_cache.shape[1] != rotary_dim):
+            raise ValueError(
+                f"rotary_embedding: expected contiguous int64 positions and a contiguous "
+                f"float32 [max_position, {rotary_dim}] cache, got {positions.dtype} and "
+                f"{tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}")
+        status = self._rotary(
+            code, positions.data_ptr(), tokens, cos_sin_cache.data_ptr(),
+            cos_sin_cache.stride(0), cos_sin_cache.shape[0], rotary_dim, int(is_neox_style),
+            query.data_ptr(), query.stride(0), query.stride(1), query.shape[1], key.data_ptr(),
+            key.stride(0), key.stride(1), key.shape[1], torch.get_num_threads())
+        if status == 2:
+            raise IndexError(f"rotary_embedding: a position is outside the cos/sin cache "
+                             f"(0..{cos_sin_cache.shape[0] - 1})")
+        _call("rotary_embedding", status)
+
+    def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` ``[rows, d]`` = ``silu(x[:, :d]) * x[:, d:]``, ``x`` ``[rows, 2d]``."""
+        rows, d = out.shape
+        code = _dtype_code("silu_and_mul", x)
+        _check_rows("silu_and_mul", x.dtype, 2 * d, x)
+        _check_rows("silu_and_mul", x.dtype, d, out)
+        if x.shape[0] != rows:
+            raise ValueError(f"silu_and_mul: {x.shape[0]} input rows, {rows} output rows")
+        _call("silu_and_mul", self._silu_and_mul(
+            code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
+            torch.get_num_threads()))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -155,19 +239,38 @@ class NativeKernels:
         _, heads, head_size = query.shape
         _check_layout("paged_attention", (query, output), (key_cache, value_cache),
                       (block_table, requests, positions), torch.int32)
-        code = DTYPE_CODES.get(query.dtype)
-        if code is None:
-            raise ValueError(f"paged_attention: dtype {query.dtype} not supported; supported: "
-                             f"{', '.join(map(str, DTYPE_CODES))}")
-        status = self._attention(
+        code = _dtype_code("paged_attention", query)
+        _call("paged_attention", self._attention(
             code, query.data_ptr(), query.stride(0), query.stride(1),
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
             block_table.data_ptr(), block_table.stride(0), requests.data_ptr(),
             positions.data_ptr(), requests.shape[0], output.data_ptr(), output.stride(0),
             output.stride(1), heads, key_cache.shape[1], head_size, key_cache.shape[2],
-            sliding_window or 0, scale, torch.get_num_threads())
-        if status:  # the library and DTYPE_CODES disagree: a stale or foreign build
-            raise RuntimeError(f"paged_attention: the library refused dtype code {code}")
+            sliding_window or 0, scale, torch.get_num_threads()))
+
+
+def _dtype_code(kernel: str, tensor: torch.Tensor) -> int:
+    code = DTYPE_CODES.get(tensor.dtype)
+    if code is None:
+        raise ValueError(f"{kernel}: dtype {tensor.dtype} not supported; supported: "
+                         f"{', '.join(map(str, DTYPE_CODES))}")
+    return code
+
+
+def _call(kernel: str, status: int) -> None:
+    if status:  # the library and DTYPE_CODES disagree: a stale or foreign build
+        raise RuntimeError(f"{kernel}: the library refused its arguments (status {status})")
+
+
+def _check_rows(kernel: str, dtype: torch.dtype, width: int, *tensors: torch.Tensor) -> None:
+    """Refuse anything but ``[rows, width]`` CPU views of ``dtype`` with contiguous rows."""
+    rows = tensors[0].shape[0]
+    for t in tensors:
+        if (t.dim() != 2 or t.shape[0] != rows or t.shape[1] != width or t.stride(1) != 1
+                or t.dtype != dtype or not t.is_cpu):
+            raise ValueError(
+                f"{kernel}: expected [{rows}, {width}] {dtype} CPU tensors with contiguous rows, "
+                f"got {[(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in tensors]}")
 
 
 def _check_layout(kernel: str, rows: tuple[torch.Tensor, ...], caches: tuple[torch.Tensor, ...],

@@ -23,28 +23,9 @@
 #include <immintrin.h>
 #endif
 
+#include "numerics.h"
+
 namespace {
-
-enum Dtype : int { kFloat32 = 0, kBFloat16 = 1 };
-
-inline float load(const float* p, int i) { return p[i]; }
-inline float load(const uint16_t* p, int i) {
-  uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-inline void store(float* p, int i, float v) { p[i] = v; }
-inline void store(uint16_t* p, int i, float v) {  // round to nearest even, as torch does
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7FFFFFFFu) > 0x7F800000u) {  // NaN (a bit test: -ffast-math drops isnan)
-    p[i] = 0x7FC0;
-    return;
-  }
-  bits += 0x7FFFu + ((bits >> 16) & 1u);
-  p[i] = static_cast<uint16_t>(bits >> 16);
-}
 
 struct Shape {
   int64_t q_tok, q_head, out_tok, out_head;

@@ -28,7 +28,7 @@ from engine.sdk.errors import PluginError, UnsupportedError
 from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, LINEAR_KERNELS, MODELS
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.model import ModelContext
-from engine.sdk.ops import CustomOp
+from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.platform import Platform
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import QuantizationConfig
@@ -84,7 +84,7 @@ def resolve_attention_backend(
 
 
 def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
-                       ) -> dict[str, type[CustomOp]]:
+                       dispatch_key: str = NATIVE) -> dict[str, type[CustomOp]]:
     """Replacement op classes in use (``--custom-ops`` and the platform), checked.
 
     See ``engine.core.custom_op_selection``. Each is guarded (``engine.core.plugin_faults``):
@@ -94,7 +94,7 @@ def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None
         return lambda cause: catalog.error(CUSTOM_OPS, name, cause)
 
     return {name: guard_forward(cls, naming(name))
-            for name, cls in select_custom_ops(catalog, settings).items()}
+            for name, cls in select_custom_ops(catalog, settings, dispatch_key).items()}
 
 
 def make_linear_kernel_selector(
@@ -182,7 +182,8 @@ def build_model(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         backend_options=_validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
                                            options),
-        op_classes=resolve_custom_ops(catalog, custom_ops), dispatch_key=platform.device_type,
+        op_classes=resolve_custom_ops(catalog, custom_ops, platform.device_type),
+        dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
         tp=tp, quant_config=quant_config,

@@ -32,6 +32,7 @@ from engine.core.distributed import (
     vocab_slice,
 )
 from engine.core.model_executor.layers.attention import Attention
+from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
 from engine.core.model_executor.layers.embedding import QuantizedVocabEmbedding, VocabEmbedding
 from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
@@ -72,7 +73,8 @@ class LayerFactory:
         quant_config: The selected quantization method's configuration, or None. Every
             linear layer, the LM head and the embedding ask its ``get_quant_method``
             (``None``: the layer stays unquantized).
-        op_classes: Op name -> class to build (built-in contract or a replacement).
+        op_classes: Op name -> replacement class to build; ops not in it are built from
+            ``builtin_ops.BUILTIN_IMPLEMENTATIONS``.
         dispatch_key: Dispatch key for enabled custom ops (the platform's device type).
         linear_kernel_selector: Chooses the linear kernel of each layer (default: the
             ``torch`` kernel; the engine passes one over every installed kernel).
@@ -213,15 +215,15 @@ class LayerFactory:
         self.attention_layers[prefix] = layer
         return layer
 
-    def _op(self, name: str, default: type[CustomOp]) -> type[CustomOp]:
-        return self.op_classes.get(name, default)
+    def _op(self, name: str) -> type[CustomOp]:
+        return self.op_classes.get(name, BUILTIN_IMPLEMENTATIONS[name])
 
-    # The op classes are the built-in contracts or replacements that subclass them
-    # (``engine.sdk.ops.check_replacement``), hence the casts.
+    # The op classes are the engine's built-in implementations or replacements, all
+    # subclasses of the contracts (``engine.sdk.ops.check_replacement``), hence the casts.
 
     def rms_norm(self, hidden_size: int, eps: float) -> RMSNormOp:
         """``rms_norm``: call ``op(x)`` or ``op(x, residual)``."""
-        cls = cast(type[RMSNormOp], self._op("rms_norm", RMSNormOp))
+        cls = cast(type[RMSNormOp], self._op("rms_norm"))
         return cls(hidden_size, eps, dtype=self.dtype, dispatch_key=self.dispatch_key)
 
     def rotary_embedding(
@@ -232,10 +234,10 @@ class LayerFactory:
         cache = RotaryEmbeddingOp.default_cos_sin_cache(
             rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, dict(rope)),
         )
-        cls = cast(type[RotaryEmbeddingOp], self._op("rotary_embedding", RotaryEmbeddingOp))
+        cls = cast(type[RotaryEmbeddingOp], self._op("rotary_embedding"))
         return cls(head_size, rotary_dim, cache, is_neox_style, dispatch_key=self.dispatch_key)
 
     def silu_and_mul(self) -> SiluAndMulOp:
         """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""
-        cls = cast(type[SiluAndMulOp], self._op("silu_and_mul", SiluAndMulOp))
+        cls = cast(type[SiluAndMulOp], self._op("silu_and_mul"))
         return cls(dispatch_key=self.dispatch_key)

@@ -1,0 +1,204 @@
+// The engine's built-in custom ops on the CPU: RMSNorm (optionally fused with the residual
+// add), rotary embedding and SiLU-and-mul, one pass over the data each, in float32.
+//
+// Each reproduces its op's reference in engine.sdk.ops, rounding where the reference
+// rounds (a bfloat16 result is rounded before it is multiplied by the weight or the gate,
+// as torch's bfloat16 ops do). Compiled without -ffast-math and without FMA contraction
+// (library.py), so divisions are exact and products round as torch's do: rotation and
+// SiLU-and-mul give torch's results bit for bit in practice; RMSNorm differs only in the
+// order of its float32 mean-square sum. Rows are views: a row stride and a contiguous
+// last axis. Called through ctypes by engine.core.native.library, on torch's OpenMP
+// runtime and thread count; calls smaller than kParallelElements run on the calling thread.
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "numerics.h"
+
+namespace {
+
+constexpr int64_t kParallelElements = int64_t{1} << 15;
+constexpr int64_t kSiluChunk = 512;  // columns per work item (batch-1 rows split too)
+
+// exp(x) for the SiLU: Cody-Waite reduction and Cephes' degree-6 polynomial (~1 ulp, in
+// explicit FMAs), branch-free so the loop vectorizes. Past float32's range it is +inf (as
+// torch's exp, so silu of a very negative value is -0, not a tiny number), below it the
+// smallest normal's neighbourhood (1 + exp(x) is 1 there either way).
+inline float exp_f32(float x) {
+  const bool overflow = x > 88.7228f;
+  float c = x < -87.0f ? -87.0f : x;  // comparisons, not fmin/fmax: a NaN passes through
+  c = c > 88.0f ? 88.0f : c;
+  const float k = std::floor(std::fma(c, 1.44269504088896341f, 0.5f));
+  const float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
+  float p = 1.9875691500e-4f;
+  p = std::fma(p, r, 1.3981999507e-3f);
+  p = std::fma(p, r, 8.3334519073e-3f);
+  p = std::fma(p, r, 4.1665795894e-2f);
+  p = std::fma(p, r, 1.6666665459e-1f);
+  p = std::fma(p, r, 5.0000001201e-1f);
+  const float e = std::fma(p * r, r, r) + 1.0f;
+  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  const float result = e * scale;
+  return overflow ? HUGE_VALF : result;
+}
+
+template <typename T>
+void rms_norm(T* x, int64_t x_row, T* residual, int64_t r_row, const T* weight, int64_t rows,
+              int64_t n, float eps, int num_threads) {
+#pragma omp parallel num_threads(num_threads) if (rows * n >= kParallelElements)
+  {
+    std::vector<float> h(n);  // the row before normalisation, unrounded (as the reference)
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; ++r) {
+      T* xr = x + r * x_row;
+      float squares = 0.f;
+      if (residual != nullptr) {
+        T* rr = residual + r * r_row;
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = load(xr, i) + load(rr, i);
+          h[i] = v;
+          store(rr, i, v);
+          squares += v * v;
+        }
+      } else {
+#pragma omp simd reduction(+ : squares)
+        for (int64_t i = 0; i < n; ++i) {
+          const float v = load(xr, i);
+          h[i] = v;
+          squares += v * v;
+        }
+      }
+      const float inv = 1.f / std::sqrt(squares / static_cast<float>(n) + eps);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) store(xr, i, round_to<T>(h[i] * inv) * load(weight, i));
+    }
+  }
+}
+
+struct Heads {
+  void* data;
+  int64_t tok, head;
+  int count;
+};
+
+template <typename T>
+inline void rotate_head(T* v, const float* cos, const float* sin, int half, bool neox) {
+  if (neox) {
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      const float x1 = load(v, i), x2 = load(v, i + half);
+      store(v, i, x1 * cos[i] - x2 * sin[i]);
+      store(v, i + half, x2 * cos[i] + x1 * sin[i]);
+    }
+  } else {
+#pragma omp simd
+    for (int i = 0; i < half; ++i) {
+      const float x1 = load(v, 2 * i), x2 = load(v, 2 * i + 1);
+      store(v, 2 * i, x1 * cos[i] - x2 * sin[i]);
+      store(v, 2 * i + 1, x2 * cos[i] + x1 * sin[i]);
+    }
+  }
+}
+
+template <typename T>
+void rotary(const int64_t* positions, int64_t tokens, const float* cache, int64_t cache_row,
+            int rotary_dim, bool neox, Heads q, Heads k, int num_threads) {
+  const int half = rotary_dim / 2;
+  const int64_t work = tokens * (q.count + k.count) * rotary_dim;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (work >= kParallelElements)
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* cos = cache + positions[t] * cache_row;
+    const float* sin = cos + half;
+    for (const Heads* x : {&q, &k}) {
+      T* row = static_cast<T*>(x->data) + t * x->tok;
+      for (int h = 0; h < x->count; ++h) rotate_head(row + h * x->head, cos, sin, half, neox);
+    }
+  }
+}
+
+template <typename T>
+void silu_and_mul(const T* x, int64_t x_row, T* out, int64_t out_row, int64_t rows, int64_t d,
+                  int num_threads) {
+  const int64_t chunks = (d + kSiluChunk - 1) / kSiluChunk;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * d >= kParallelElements)
+  for (int64_t item = 0; item < rows * chunks; ++item) {
+    const int64_t r = item / chunks, begin = (item % chunks) * kSiluChunk;
+    const int64_t end = std::min(d, begin + kSiluChunk);
+    const T* gate = x + r * x_row;
+    const T* up = gate + d;
+    T* y = out + r * out_row;
+#pragma omp simd
+    for (int64_t i = begin; i < end; ++i) {
+      const float a = load(gate, i);
+      store(y, i, round_to<T>(a / (1.f + exp_f32(-a))) * load(up, i));
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+// Each returns 0, 1 for an unknown dtype code, or (rotary) 2 for a position outside the
+// cache, in which case nothing was written.
+
+// In place: x [rows, n] becomes RMSNorm(x + residual) * weight; residual (when not null)
+// becomes x + residual.
+int engine_rms_norm(int dtype, void* x, int64_t x_row, void* residual, int64_t r_row,
+                    const void* weight, int64_t rows, int64_t n, float eps, int num_threads) {
+  if (dtype == kFloat32) {
+    rms_norm(static_cast<float*>(x), x_row, static_cast<float*>(residual), r_row,
+             static_cast<const float*>(weight), rows, n, eps, num_threads);
+  } else if (dtype == kBFloat16) {
+    rms_norm(static_cast<uint16_t*>(x), x_row, static_cast<uint16_t*>(residual), r_row,
+             static_cast<const uint16_t*>(weight), rows, n, eps, num_threads);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+// In place: the first rotary_dim elements of every head of query [tokens, q_heads, D] and
+// key [tokens, k_heads, D] rotate by cache[positions[t]] (cosines, then sines; float32).
+int engine_rotary_embedding(int dtype, const int64_t* positions, int64_t tokens,
+                            const float* cache, int64_t cache_row, int64_t cache_rows,
+                            int rotary_dim, int neox, void* query, int64_t q_tok,
+                            int64_t q_head, int q_heads, void* key, int64_t k_tok,
+                            int64_t k_head, int k_heads, int num_threads) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    if (positions[t] < 0 || positions[t] >= cache_rows) return 2;
+  }
+  const Heads q{query, q_tok, q_head, q_heads}, k{key, k_tok, k_head, k_heads};
+  if (dtype == kFloat32) {
+    rotary<float>(positions, tokens, cache, cache_row, rotary_dim, neox != 0, q, k, num_threads);
+  } else if (dtype == kBFloat16) {
+    rotary<uint16_t>(positions, tokens, cache, cache_row, rotary_dim, neox != 0, q, k,
+                     num_threads);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+// out [rows, d] = silu(x[:, :d]) * x[:, d:], x [rows, 2d].
+int engine_silu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int64_t out_row,
+                        int64_t rows, int64_t d, int num_threads) {
+  if (dtype == kFloat32) {
+    silu_and_mul(static_cast<const float*>(x), x_row, static_cast<float*>(out), out_row, rows,
+                 d, num_threads);
+  } else if (dtype == kBFloat16) {
+    silu_and_mul(static_cast<const uint16_t*>(x), x_row, static_cast<uint16_t*>(out), out_row,
+                 rows, d, num_threads);
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
+}  // extern "C"

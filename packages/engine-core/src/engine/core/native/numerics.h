@@ -1,0 +1,38 @@
+// Scalar loads and stores of float32 and bfloat16 (as uint16_t) values, computed in
+// float32, shared by the engine's CPU kernels. Written without branches so that loops over
+// them vectorize.
+#pragma once
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+enum Dtype : int { kFloat32 = 0, kBFloat16 = 1 };
+
+inline float load(const float* p, int64_t i) { return p[i]; }
+inline float load(const uint16_t* p, int64_t i) {
+  uint32_t bits = static_cast<uint32_t>(p[i]) << 16;
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+inline void store(float* p, int64_t i, float v) { p[i] = v; }
+inline void store(uint16_t* p, int64_t i, float v) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &v, sizeof bits);
+  // NaN by a bit test (-ffast-math drops isnan); torch stores its canonical quiet NaN.
+  const bool nan = (bits & 0x7FFFFFFFu) > 0x7F800000u;
+  const uint32_t rounded = (bits + 0x7FFFu + ((bits >> 16) & 1u)) >> 16;
+  p[i] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
+}
+
+// A float32 value rounded as storing it in T and loading it back would.
+template <typename T>
+inline float round_to(float v) {
+  T stored;
+  store(&stored, 0, v);
+  return load(&stored, 0);
+}
+
+}  // namespace
