@@ -32,6 +32,7 @@ LAYERS = 12
 
 # (name, [(cached tokens, new tokens) per request])
 SHAPES = [
+    ("decode 1 x ctx 96", [(95, 1)]),
     ("decode 64 x ctx 48", [(47, 1)] * 64),
     ("decode 64 x ctx 96", [(95, 1)] * 64),
     ("decode 64 x ctx 160", [(159, 1)] * 64),
