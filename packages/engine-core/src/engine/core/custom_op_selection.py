@@ -194,8 +194,11 @@ def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings) -> list[
 
 
 def _own_path(name: str, cls: type[CustomOp], dispatch_key: str) -> bool:
-    """Whether ``cls`` runs code of its own with ``dispatch_key``: it overrides that key's
-    forward method or ``forward_native`` (which the contract's other methods call)."""
+    """Whether ``cls`` runs code of its own with ``dispatch_key``.
+
+    It does when it overrides that key's forward method or ``forward_native`` (which the
+    contract's other methods call).
+    """
     if dispatch_key == NATIVE:
         return True
     method = {"cpu": "forward_cpu", "cuda": "forward_cuda"}.get(dispatch_key, "forward_oot")
