@@ -103,6 +103,11 @@ def test_linear_kernel_only_when_forced(tiny_llama: Path, sdk1: Path,
     torch.testing.assert_close(kernel.apply(layer, x, bias), F.linear(x, layer.weight, bias))
 
 
+def _built_in(op: object) -> bool:
+    """The engine's own rms_norm (its contract's subclass in engine-core), no replacement."""
+    return isinstance(op, RMSNormOp) and type(op).__module__.startswith("engine.core.")
+
+
 def test_custom_op_replaces_rms_norm_exactly(tiny_llama: Path, sdk1: Path,
                                              reference: list[list[int]]) -> None:
     with counting() as calls, sdk1_llm(tiny_llama) as llm:  # every allowed custom op is used
@@ -111,7 +116,7 @@ def test_custom_op_replaces_rms_norm_exactly(tiny_llama: Path, sdk1: Path,
         assert type(model.norm).__name__ == "Sdk1RMSNorm"
     assert calls["rms_norm.call"] > 0
     with counting() as calls, sdk1_llm(tiny_llama, plugins="none") as llm:
-        assert type(llm.llm_engine.core.worker.built.model.norm) is RMSNormOp
+        assert _built_in(llm.llm_engine.core.worker.built.model.norm)
         assert greedy(llm) == reference
     assert calls["rms_norm.call"] == 0
     op_cls = sdk1_catalog().load(sdk_groups.CUSTOM_OPS, "rms_norm")
@@ -140,7 +145,7 @@ def test_custom_ops_flag_turns_the_replacement_off(tiny_llama: Path, sdk1: Path,
                                                    reference: list[list[int]]) -> None:
     for items in (("-rms_norm",), ("none",)):
         with counting() as calls, sdk1_llm(tiny_llama, custom_ops=items) as llm:
-            assert type(llm.llm_engine.core.worker.built.model.norm) is RMSNormOp
+            assert _built_in(llm.llm_engine.core.worker.built.model.norm)
             assert greedy(llm) == reference
         assert calls["rms_norm.call"] == 0
     with counting() as calls, sdk1_llm(tiny_llama, custom_ops=("none", "+rms_norm")) as llm:

@@ -37,7 +37,6 @@ import logging
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
 from engine.core.plugins import PluginCatalog, PluginEntry
 from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import CUSTOM_OPS
@@ -165,6 +164,9 @@ class CustomOpChoice:
         """``built-in engine.core...:RMSNorm`` or the replacement's value and provider."""
         if self.use_replacement and self.replacement is not None:
             return f"{self.replacement.value} ({self.replacement.provider})"
+        # Imported here: the front end plans ops too, and never imports worker code.
+        from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
+
         builtin = BUILTIN_IMPLEMENTATIONS[self.name]
         return f"built-in {builtin.__module__}:{builtin.__qualname__}"
 
