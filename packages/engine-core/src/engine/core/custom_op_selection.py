@@ -203,7 +203,7 @@ def _own_path(name: str, cls: type[CustomOp], dispatch_key: str) -> bool:
     """
     if dispatch_key == NATIVE:
         return True
-    method = {"cpu": "forward_cpu", "cuda": "forward_cuda"}.get(dispatch_key, "forward_oot")
+    method = CustomOp.method_for(dispatch_key)
     contract = BUILTIN_OPS[name]
     return any(getattr(cls, m) is not getattr(contract, m) for m in (method, "forward_native"))
 

@@ -76,8 +76,20 @@ class CustomOp(Plugin, torch.nn.Module, ABC):
         """
         super().__init__()
         self.dispatch_key = dispatch_key
-        method = _METHOD_BY_KEY.get(dispatch_key, "forward_oot")
-        self._forward_impl: Callable[..., Any] = getattr(self, method)
+        self._forward_impl: Callable[..., Any] = getattr(self, self.method_for(dispatch_key))
+
+    @staticmethod
+    def method_for(dispatch_key: str) -> str:
+        """The name of the forward method ``dispatch_key`` selects.
+
+        ``"native"`` -> ``"forward_native"``, ``"cpu"`` -> ``"forward_cpu"``, ``"cuda"``
+        -> ``"forward_cuda"``, any other key -> ``"forward_oot"``. The engine uses it to
+        tell whether a replacement has code of its own for the platform's device (it
+        overrides this method or ``forward_native``).
+
+        .. versionadded:: 1.1
+        """
+        return _METHOD_BY_KEY.get(dispatch_key, "forward_oot")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the implementation chosen at construction (see the subclass's contract)."""

@@ -152,16 +152,11 @@ extern "C" {
 // becomes x + residual.
 int engine_rms_norm(int dtype, void* x, int64_t x_row, void* residual, int64_t r_row,
                     const void* weight, int64_t rows, int64_t n, float eps, int num_threads) {
-  if (dtype == kFloat32) {
-    rms_norm(static_cast<float*>(x), x_row, static_cast<float*>(residual), r_row,
-             static_cast<const float*>(weight), rows, n, eps, num_threads);
-  } else if (dtype == kBFloat16) {
-    rms_norm(static_cast<uint16_t*>(x), x_row, static_cast<uint16_t*>(residual), r_row,
-             static_cast<const uint16_t*>(weight), rows, n, eps, num_threads);
-  } else {
-    return 1;
-  }
-  return 0;
+  return with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    rms_norm(static_cast<T*>(x), x_row, static_cast<T*>(residual), r_row,
+             static_cast<const T*>(weight), rows, n, eps, num_threads);
+  });
 }
 
 // In place: the first rotary_dim elements of every head of query [tokens, q_heads, D] and
@@ -175,30 +170,20 @@ int engine_rotary_embedding(int dtype, const int64_t* positions, int64_t tokens,
     if (positions[t] < 0 || positions[t] >= cache_rows) return 2;
   }
   const Heads q{query, q_tok, q_head, q_heads}, k{key, k_tok, k_head, k_heads};
-  if (dtype == kFloat32) {
-    rotary<float>(positions, tokens, cache, cache_row, rotary_dim, neox != 0, q, k, num_threads);
-  } else if (dtype == kBFloat16) {
-    rotary<uint16_t>(positions, tokens, cache, cache_row, rotary_dim, neox != 0, q, k,
-                     num_threads);
-  } else {
-    return 1;
-  }
-  return 0;
+  return with_dtype(dtype, [&](auto tag) {
+    rotary<decltype(tag)>(positions, tokens, cache, cache_row, rotary_dim, neox != 0, q, k,
+                          num_threads);
+  });
 }
 
 // out [rows, d] = silu(x[:, :d]) * x[:, d:], x [rows, 2d].
 int engine_silu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int64_t out_row,
                         int64_t rows, int64_t d, int num_threads) {
-  if (dtype == kFloat32) {
-    silu_and_mul(static_cast<const float*>(x), x_row, static_cast<float*>(out), out_row, rows,
-                 d, num_threads);
-  } else if (dtype == kBFloat16) {
-    silu_and_mul(static_cast<const uint16_t*>(x), x_row, static_cast<uint16_t*>(out), out_row,
-                 rows, d, num_threads);
-  } else {
-    return 1;
-  }
-  return 0;
+  return with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    silu_and_mul(static_cast<const T*>(x), x_row, static_cast<T*>(out), out_row, rows, d,
+                 num_threads);
+  });
 }
 
 }  // extern "C"

@@ -27,6 +27,20 @@ inline void store(uint16_t* p, int64_t i, float v) {  // round to nearest even, 
   p[i] = static_cast<uint16_t>(nan ? 0x7FC0u : rounded);
 }
 
+// Calls f with a value of the element type dtype names (float; uint16_t holds bfloat16),
+// as `[&](auto tag) { using T = decltype(tag); ... }`. Returns 0, or 1 for an unknown code.
+template <typename F>
+inline int with_dtype(int dtype, F&& f) {
+  if (dtype == kFloat32) {
+    f(float{});
+  } else if (dtype == kBFloat16) {
+    f(uint16_t{});
+  } else {
+    return 1;
+  }
+  return 0;
+}
+
 // A float32 value rounded as storing it in T and loading it back would.
 template <typename T>
 inline float round_to(float v) {

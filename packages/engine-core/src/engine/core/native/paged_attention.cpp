@@ -303,16 +303,10 @@ int engine_paged_attention(int dtype, const void* q, int64_t q_tok, int64_t q_he
                            int sliding_window, float scale, int num_threads) {
   const Shape s{q_tok, q_head, out_tok, out_head, c_block, c_head, c_tok, bt_stride,
                 heads, kv_heads, head_size, block_size, sliding_window, scale};
-  if (dtype == kFloat32) {
-    dispatch<float>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens, out, s,
-                    num_threads);
-  } else if (dtype == kBFloat16) {
-    dispatch<uint16_t>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens, out, s,
-                       num_threads);
-  } else {
-    return 1;
-  }
-  return 0;
+  return with_dtype(dtype, [&](auto tag) {
+    dispatch<decltype(tag)>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens,
+                            out, s, num_threads);
+  });
 }
 
 // Copies each token's keys and values ([tokens, kv_heads, head_size] views) into its cache
