@@ -8,10 +8,18 @@ import pytest
 import torch
 
 from engine.core import LLM, SamplingParams
+from engine.core.model_executor import linear_kernels
 from engine.core.model_executor.layers.linear import UnquantizedLinearMethod
-from engine.core.model_executor.linear_kernels import OneDNNLinearKernel, TorchLinearKernel
+from engine.core.model_executor.linear_kernels import (
+    CpuLinearKernel,
+    OneDNNLinearKernel,
+    TorchLinearKernel,
+)
+from engine.core.native import native_kernels
+from engine.core.native.library import SMALL_MATMUL_ROWS, NativeKernels
 from engine.sdk import ValidationError
 from engine.sdk.linear_kernel import LinearKernelConfig
+from engine.sdk.platform import PlatformInfo
 
 
 def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
@@ -19,8 +27,16 @@ def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
                               input_size=48, output_size=80, has_bias=bias)
 
 
-@pytest.mark.parametrize("rows", [1, 7, 64])  # one decode token, a few, a batch
-@pytest.mark.parametrize("kernel_cls", [TorchLinearKernel, OneDNNLinearKernel])
+NATIVE = native_kernels()
+needs_small_matmul = pytest.mark.skipif(
+    NATIVE is None or torch.bfloat16 not in NATIVE.small_matmul_dtypes,
+    reason="the small-batch kernel is built only for AVX-512 CPUs with avx512_bf16")
+KERNELS = [TorchLinearKernel, OneDNNLinearKernel,
+           pytest.param(CpuLinearKernel, marks=needs_small_matmul)]
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 7, 64])  # decode rows (small-batch path), a batch
+@pytest.mark.parametrize("kernel_cls", KERNELS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernels_equal_f_linear(kernel_cls, rows: int, dtype: torch.dtype) -> None:
     layer = torch.nn.Module()
@@ -32,6 +48,74 @@ def test_kernels_equal_f_linear(kernel_cls, rows: int, dtype: torch.dtype) -> No
     for given in (x, x.view(1, rows, 48), torch.randn(48, rows, dtype=dtype).t()):
         torch.testing.assert_close(kernel.apply(layer, given, bias),
                                    torch.nn.functional.linear(given, layer.weight, bias))
+
+
+@needs_small_matmul
+def test_cpu_kernel_runs_its_own_code_for_up_to_three_rows(monkeypatch) -> None:
+    calls: list[int] = []
+    original = NativeKernels.small_matmul
+
+    def counted(self, x, weight, bias, out):
+        calls.append(x.shape[0])
+        original(self, x, weight, bias, out)
+
+    monkeypatch.setattr(NativeKernels, "small_matmul", counted)
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(torch.randn(80, 48, dtype=torch.bfloat16),
+                                      requires_grad=False)
+    kernel = CpuLinearKernel(config("bfloat16"))
+    kernel.process_weights_after_loading(layer)
+    for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64):
+        kernel.apply(layer, torch.randn(rows, 48, dtype=torch.bfloat16))
+    assert calls == [1, SMALL_MATMUL_ROWS]  # more rows go to oneDNN
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("k", [768, 100, 33])  # whole 64-element steps, then the masked tail
+@needs_small_matmul
+def test_small_matmul_against_float64(dtype: torch.dtype, k: int) -> None:
+    assert NATIVE is not None
+    gen = torch.Generator().manual_seed(k)
+    weight = torch.randn(100, k, generator=gen).to(dtype)
+    bias = torch.randn(100, generator=gen).to(dtype)
+    for rows in range(1, SMALL_MATMUL_ROWS + 1):
+        x = torch.randn(rows, k + 5, generator=gen).to(dtype)[:, :k]  # rows k + 5 apart
+        whole = torch.full((rows, 120), 7.0, dtype=dtype)
+        out = whole[:, :100]
+        for b in (bias, None):
+            NATIVE.small_matmul(x, weight, b, out)
+            want = x.double() @ weight.double().T + (0 if b is None else b.double())
+            # float32 sums in another order; bfloat16 rounds the result (2 ** -8 relative).
+            tol = 1e-5 if dtype == torch.float32 else 2 ** -8
+            assert ((out.double() - want).abs() <= tol * want.abs().max()).all()
+        assert (whole[:, 100:] == 7).all()  # nothing written past the row's end
+
+
+@needs_small_matmul
+def test_small_matmul_refuses_what_it_would_misread() -> None:
+    assert NATIVE is not None
+    weight = torch.randn(16, 32, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="supported: 1..3"):
+        NATIVE.small_matmul(torch.randn(4, 32, dtype=torch.bfloat16), weight, None,
+                            torch.empty(4, 16, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float16 not supported"):
+        NATIVE.small_matmul(torch.randn(1, 32).half(), weight.half(), None,
+                            torch.empty(1, 16).half())
+    with pytest.raises(ValueError, match="contiguous"):
+        NATIVE.small_matmul(torch.randn(1, 16, dtype=torch.bfloat16), weight.t(), None,
+                            torch.empty(1, 32, dtype=torch.bfloat16))
+
+
+def test_cpu_kernel_steps_aside_where_it_has_no_code(monkeypatch) -> None:
+    if NATIVE is not None:
+        monkeypatch.setattr(NATIVE, "small_matmul_dtypes", frozenset({torch.float32}))
+        answer = CpuLinearKernel.can_implement(config("bfloat16"))
+        assert not answer.ok and "avx512_bf16" in answer.reason
+        assert CpuLinearKernel.can_implement(config("float32")).ok
+    monkeypatch.setattr(linear_kernels, "native_kernels", lambda: None)  # no compiler
+    answer = CpuLinearKernel.is_supported(PlatformInfo("cpu", "cpu"))
+    assert not answer.ok and "onednn serves instead" in answer.reason
+    assert "the CPU only" in CpuLinearKernel.is_supported(PlatformInfo("cuda", "cuda")).reason
 
 
 def test_onednn_claims_float32_and_bfloat16_only() -> None:
@@ -48,10 +132,13 @@ def kernels_of(llm: LLM) -> set[str]:
 
 def test_selection_priority_forced_and_disabled(tiny_llama: Path) -> None:
     common = {"dtype": "float32", "num_kv_blocks": 128, "in_process": True}
-    assert kernels_of(LLM(str(tiny_llama), **common)) == {"OneDNNLinearKernel"}
+    default = "CpuLinearKernel" if NATIVE is not None else "OneDNNLinearKernel"
+    assert kernels_of(LLM(str(tiny_llama), **common)) == {default}
     forced = LLM(str(tiny_llama), linear_kernel="torch", **common)
     assert kernels_of(forced) == {"TorchLinearKernel"}
-    disabled = LLM(str(tiny_llama), disabled_kernels=("onednn",), **common)
+    assert kernels_of(LLM(str(tiny_llama), linear_kernel="onednn", **common)) == {
+        "OneDNNLinearKernel"}
+    disabled = LLM(str(tiny_llama), disabled_kernels=("cpu", "onednn"), **common)
     assert kernels_of(disabled) == {"TorchLinearKernel"}
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     prompt = {"prompt_token_ids": [4, 8, 15, 16, 23, 42]}

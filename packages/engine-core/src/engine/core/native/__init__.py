@@ -1,8 +1,14 @@
 """The engine's CPU kernels in C++, built on first use (see ``library``).
 
-Used by the ``cpu`` attention backend.
+Used by the ``cpu`` attention backend, the built-in ops' CPU paths and the ``cpu`` linear
+kernel.
 """
 
-from engine.core.native.library import NativeKernels, NativeKernelsUnavailable, load
+from engine.core.native.library import (
+    NativeKernels,
+    NativeKernelsUnavailable,
+    load,
+    native_kernels,
+)
 
-__all__ = ["NativeKernels", "NativeKernelsUnavailable", "load"]
+__all__ = ["NativeKernels", "NativeKernelsUnavailable", "load", "native_kernels"]

@@ -36,6 +36,8 @@ SOURCES = {
     Path(__file__).with_name("elementwise.cpp"): (
         "-fno-math-errno", "-fno-trapping-math", "-fno-signed-zeros", "-fassociative-math",
         "-ffp-contract=off"),
+    # Intrinsics only; float32 sums in its own order, as any matmul kernel.
+    Path(__file__).with_name("small_matmul.cpp"): (),
 }
 HEADERS = (Path(__file__).with_name("numerics.h"),)
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
@@ -43,6 +45,8 @@ HEADERS = (Path(__file__).with_name("numerics.h"),)
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+#: Most rows ``NativeKernels.small_matmul`` takes (``kMaxRows`` in small_matmul.cpp).
+SMALL_MATMUL_ROWS = 3
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
@@ -121,6 +125,15 @@ def load() -> NativeKernels:
         raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
 
 
+@functools.cache
+def native_kernels() -> NativeKernels | None:
+    """The kernels, or None where they cannot be built here (``load()`` says why)."""
+    try:
+        return load()
+    except NativeKernelsUnavailable:
+        return None
+
+
 class NativeKernels:
     """Typed calls into the built library (tensors in, results written in place)."""
 
@@ -145,6 +158,14 @@ class NativeKernels:
         self._silu_and_mul = lib.engine_silu_and_mul
         self._silu_and_mul.restype = _I32
         self._silu_and_mul.argtypes = [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32]
+        self._small_matmul = lib.engine_small_matmul
+        self._small_matmul.restype = _I32
+        self._small_matmul.argtypes = [_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32]
+        codes = lib.engine_small_matmul_dtypes()
+        #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
+        #: bfloat16 also avx512_bf16); empty elsewhere.
+        self.small_matmul_dtypes = frozenset(
+            dtype for dtype, code in DTYPE_CODES.items() if codes >> code & 1)
 
     def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> None:
@@ -207,6 +228,35 @@ class NativeKernels:
             raise ValueError(f"silu_and_mul: {x.shape[0]} input rows, {rows} output rows")
         _call("silu_and_mul", self._silu_and_mul(
             code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
+            torch.get_num_threads()))
+
+    def small_matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                     out: torch.Tensor) -> None:
+        """``out`` = ``x @ weight.T + bias``, ``x`` ``[M, K]`` with M up to ``SMALL_MATMUL_ROWS``.
+
+        ``out``: ``[M, N]``; ``weight``: ``[N, K]``, contiguous; ``bias``: ``[N]`` or None;
+        rows of ``x`` and ``out`` contiguous. One dtype, in ``small_matmul_dtypes``. Every
+        weight is read once, so decode steps of small batches run at the memory's speed.
+        """
+        rows, n = out.shape
+        k = weight.shape[1]
+        if weight.dtype not in self.small_matmul_dtypes:
+            raise ValueError(f"small_matmul: dtype {weight.dtype} not supported on this CPU; "
+                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
+        if not 1 <= rows <= SMALL_MATMUL_ROWS:
+            raise ValueError(f"small_matmul: {rows} rows; supported: 1..{SMALL_MATMUL_ROWS}")
+        _check_rows("small_matmul", weight.dtype, k, x)
+        _check_rows("small_matmul", weight.dtype, n, out)
+        _check_rows("small_matmul", weight.dtype, k, weight)
+        if not weight.is_contiguous() or x.shape[0] != rows:
+            raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight and "
+                             f"{rows} input rows, got {tuple(weight.shape)} (contiguous: "
+                             f"{weight.is_contiguous()}) and {x.shape[0]} rows")
+        if bias is not None:
+            _check_rows("small_matmul", weight.dtype, n, bias.view(1, -1))
+        _call("small_matmul", self._small_matmul(
+            DTYPE_CODES[weight.dtype], x.data_ptr(), x.stride(0), rows, weight.data_ptr(), n, k,
+            None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,

@@ -17,24 +17,14 @@ rounding order.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Mapping
 from typing import ClassVar
 
 import torch
 
-from engine.core.native import NativeKernels, NativeKernelsUnavailable, load
+from engine.core.native import native_kernels
 from engine.core.native.library import DTYPE_CODES
 from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
-
-
-@functools.cache
-def native_kernels() -> NativeKernels | None:
-    """The built CPU kernels, or None where they cannot be built (decided once)."""
-    try:
-        return load()
-    except NativeKernelsUnavailable:
-        return None
 
 
 def _rows(t: torch.Tensor) -> bool:
