@@ -18,6 +18,7 @@ from collections.abc import Callable
 import torch
 
 from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.worker.kv_cache import zeroed
 from engine.sdk.attention import (
     AttentionBackend,
     AttentionContext,
@@ -108,7 +109,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     shape = CpuAttentionBackend.get_kv_cache_shape(POOL_BLOCKS, BLOCK, KV_HEADS, HEAD_SIZE)
-    caches = [torch.randn(shape).to(dtype) for _ in range(LAYERS)]
+    # Allocated as the engine allocates its KV cache (huge pages where the OS gives them),
+    # then filled.
+    caches = [zeroed(shape, dtype, torch.device("cpu")).normal_() for _ in range(LAYERS)]
     flags = [f for f in ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_bf16")
              if f in open("/proc/cpuinfo").read()]
     print(f"torch {torch.__version__}, {args.threads} threads, {args.dtype}, cpu flags: "

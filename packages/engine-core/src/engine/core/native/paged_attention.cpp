@@ -145,19 +145,31 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
-// Ask for the next block's rows of this head before they are needed: a head's rows of one
-// block are contiguous (block_size * head_size elements) but blocks are scattered, so the
+// Ask for a block's rows of this head before they are needed: a head's rows of one block
+// are contiguous (block_size * head_size elements) but blocks are scattered, so the
 // hardware prefetcher, which follows one stream within a page, starts each block cold.
-template <typename T>
+// `hint`: _MM_HINT_T0 (into L1) or _MM_HINT_T1 (into L2).
+template <int hint, typename T>
 inline void prefetch_block(const T* rows, const Shape& s) {
   const char* p = reinterpret_cast<const char*>(rows);
   const int64_t bytes = static_cast<int64_t>(s.block_size) * s.c_tok * sizeof(T);
-  for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
+  for (int64_t off = 0; off < bytes; off += 64)
+    _mm_prefetch(p + off, static_cast<_mm_hint>(hint));
 }
+
+// Key blocks asked for ahead of the one being read, into L2, for a request's only query row
+// of the step (a decode), whose keys and values nothing else has read: one block ahead left
+// the loop waiting on memory (decode steps of 64 requests at ~10 GB/s); with four, and each
+// value block asked for while its keys are read, the same steps run 1.3x faster
+// (benchmarks/attention_cpu.py). Rows of a prefill chunk share their request's blocks, which
+// the chunk's first rows bring in: for them the extra prefetch instructions only cost, so
+// they ask for the next key block only, into L1.
+constexpr int kBlocksAhead = 4;
 
 template <typename T, int C, int G>
 void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
-                       int kvh, T* out, const Shape& s, std::vector<float>& scratch) {
+                       int kvh, T* out, const Shape& s, bool alone,
+                       std::vector<float>& scratch) {
   const int first = first_key(pos, s);
   const int n = pos + 1 - first;
   scratch.resize(static_cast<size_t>(G) * n);
@@ -168,11 +180,22 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
     for (int c = 0; c < C; ++c)
       qv[g][c] = _mm512_mul_ps(load16(q + (kvh * G + g) * s.q_head + 16 * c), scale);
   const int last_block = pos / s.block_size;
+  const int first_block = first / s.block_size;
+  const int ahead = alone ? kBlocksAhead : 1;
+  for (int b = first_block; alone && b <= std::min(last_block, first_block + ahead - 1); ++b)
+    prefetch_block<_MM_HINT_T1>(head_rows(kc, blocks, b, kvh, s), s);
   for (int j = first; j <= pos;) {
     const int block = j / s.block_size;
     const T* rows = head_rows(kc, blocks, block, kvh, s);
     const int end = std::min(pos + 1, (block + 1) * s.block_size);
-    if (block < last_block) prefetch_block(head_rows(kc, blocks, block + 1, kvh, s), s);
+    if (block + ahead <= last_block) {
+      if (alone) {
+        prefetch_block<_MM_HINT_T1>(head_rows(kc, blocks, block + ahead, kvh, s), s);
+      } else {
+        prefetch_block<_MM_HINT_T0>(head_rows(kc, blocks, block + ahead, kvh, s), s);
+      }
+    }
+    if (alone) prefetch_block<_MM_HINT_T1>(head_rows(vc, blocks, block, kvh, s), s);
     for (; j + 4 <= end; j += 4) {  // four keys: their 4 x G dot products reduced together
       __m512 part[G][4];
       for (int u = 0; u < 4; ++u) {
@@ -193,7 +216,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
         scores[g * n + (j - first)] = _mm512_reduce_add_ps(dot16<C>(qv[g], kv));
     }
   }
-  prefetch_block(head_rows(vc, blocks, first / s.block_size, kvh, s), s);
+  prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);
   softmax_rows(scores, G, n);
   __m512 acc[G][C];
   for (int g = 0; g < G; ++g)
@@ -202,7 +225,8 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
     const int block = j / s.block_size;
     const T* rows = head_rows(vc, blocks, block, kvh, s);
     const int end = std::min(pos + 1, (block + 1) * s.block_size);
-    if (block < last_block) prefetch_block(head_rows(vc, blocks, block + 1, kvh, s), s);
+    if (block < last_block)
+      prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, block + 1, kvh, s), s);
     for (; j < end; ++j) {
       const T* v = rows + (j % s.block_size) * s.c_tok;
       __m512 vv[C];
@@ -220,7 +244,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
 // The AVX-512 instance for (D, G), or nullptr when there is none.
 template <typename T>
 using AttendFn = void (*)(const T*, const T*, const T*, const int32_t*, int, int, T*,
-                          const Shape&, std::vector<float>&);
+                          const Shape&, bool, std::vector<float>&);
 
 template <typename T, int C>
 AttendFn<T> avx512_for_groups(int groups) {
@@ -262,8 +286,10 @@ void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table
       const int kvh = static_cast<int>(item % s.kv_heads);
 #if defined(__AVX512F__)
       if (fast != nullptr) {
+        const bool alone = (t == 0 || tok_req[t - 1] != tok_req[t]) &&
+                           (t + 1 == num_tokens || tok_req[t + 1] != tok_req[t]);
         fast(q + t * s.q_tok, kc, vc, block_table + tok_req[t] * s.bt_stride, tok_pos[t], kvh,
-             out + t * s.out_tok, s, scratch);
+             out + t * s.out_tok, s, alone, scratch);
         continue;
       }
 #endif
