@@ -157,6 +157,14 @@ class Worker:
             kv_connector=self.kv_connector, faults=faults,
             attribution=ForwardAttribution(setup.catalog),
         )
+        if self.tp.is_parallel:
+            return  # ranks would have to warm up in lockstep (collectives); not done yet
+        try:
+            self.model_runner.warm_up()
+        except Exception as exc:  # noqa: BLE001 - a step would report it, naming the plugin
+            logger.warning("rank %d: the warm-up forward pass failed (%s: %s); the first "
+                           "step will pay the set-up it would have done", self.rank,
+                           type(exc).__name__, exc)
 
     def _make_builder(self) -> Any:
         layers = self.built.factory.attention_layers
