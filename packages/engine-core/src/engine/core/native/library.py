@@ -325,20 +325,34 @@ def _check_rows(kernel: str, dtype: torch.dtype, width: int, *tensors: torch.Ten
 
 def _check_layout(kernel: str, rows: tuple[torch.Tensor, ...], caches: tuple[torch.Tensor, ...],
                   indices: tuple[torch.Tensor, ...], index_dtype: torch.dtype) -> None:
-    """Refuse what the C++ code would misread (it trusts shapes, strides and dtypes)."""
+    """Refuse what the C++ code would misread (it trusts shapes, strides and dtypes).
+
+    Called for every kernel launch (twice per layer and step), so it reads each tensor's
+    metadata once and builds no views.
+    """
     dtype = caches[0].dtype
     head_size = caches[0].shape[-1]
-    if (any(t.dim() != 3 or t.stride(-1) != 1 or t.dtype != dtype or t.shape[-1] != head_size
-            for t in rows)
-            or any(t.dim() != 4 or not t[0].is_contiguous() or t.dtype != dtype
-                   for t in caches)):
+    ok = all(t.dim() == 3 and t.stride(2) == 1 and t.dtype == dtype and t.is_cpu
+             and t.shape[2] == head_size for t in rows)
+    ok = ok and all(t.dtype == dtype and t.is_cpu and _blocks_contiguous(t) for t in caches)
+    if not ok:
         raise ValueError(
             f"{kernel}: expected [tokens, heads, head_size] rows with a contiguous last axis "
             f"and [blocks, kv_heads, block_size, head_size] caches with contiguous blocks, "
-            f"all {dtype}; got rows {[(tuple(t.shape), t.dtype) for t in rows]}, caches "
-            f"{[(tuple(t.shape), t.dtype) for t in caches]}")
-    if any(t.dtype != index_dtype or t.stride(-1) != 1 for t in indices):
-        raise ValueError(f"{kernel}: index tensors must be {index_dtype} with a contiguous "
-                         f"last axis, got {[(tuple(t.shape), t.dtype) for t in indices]}")
-    if any(t.device.type != "cpu" for t in rows + caches + indices):
-        raise ValueError(f"{kernel}: every tensor must be on the CPU")
+            f"all {dtype} on the CPU; got rows "
+            f"{[(tuple(t.shape), t.dtype, t.device.type) for t in rows]}, caches "
+            f"{[(tuple(t.shape), t.dtype, t.device.type) for t in caches]}")
+    if not all(t.dtype == index_dtype and t.stride(-1) == 1 and t.is_cpu for t in indices):
+        raise ValueError(f"{kernel}: index tensors must be {index_dtype} on the CPU with a "
+                         f"contiguous last axis, got "
+                         f"{[(tuple(t.shape), t.dtype, t.device.type) for t in indices]}")
+
+
+def _blocks_contiguous(cache: torch.Tensor) -> bool:
+    """``cache[b]`` is contiguous for every block ``b`` (``cache[0].is_contiguous()``)."""
+    if cache.dim() != 4:
+        return False
+    _, heads, block, head_size = cache.shape
+    s = cache.stride()
+    return ((s[3] == 1 or head_size == 1) and (s[2] == head_size or block == 1)
+            and (s[1] == block * head_size or heads == 1))
