@@ -1,4 +1,4 @@
-"""The worker's warm-up forward pass: it runs once, on the null block only, and never stops a start."""
+"""The worker's warm-up forward pass: once, on the null block only; it never stops a start."""
 
 from __future__ import annotations
 
