@@ -188,10 +188,13 @@ class RayExecutor(Executor):
                         raise
                     # Ray waits a fixed time for its GCS and raylet processes (15-30 s); on
                     # a loaded machine a start can miss that. A second start is cheap.
+                    # str(exc): a log record holding the exception would keep its frames,
+                    # and through them Ray's Popen objects, alive past the reaping below.
                     logger.warning("the local Ray instance did not start in time (%s); "
-                                   "starting it once more", exc)
-                    ray.shutdown()
-                    _forget_killed_processes()
+                                   "starting it once more", str(exc))
+                # Outside the except block, so the exception and its traceback are gone.
+                ray.shutdown()
+                _forget_killed_processes()
 
     def _get(self, rank: int, ref: Any, *, starting: bool = False) -> Any:
         """``ray.get(ref)``, raising a death as soon as it is seen, naming the rank."""
