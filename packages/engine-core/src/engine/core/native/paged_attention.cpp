@@ -182,8 +182,10 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   const int last_block = pos / s.block_size;
   const int first_block = first / s.block_size;
   const int ahead = alone ? kBlocksAhead : 1;
-  for (int b = first_block; alone && b <= std::min(last_block, first_block + ahead - 1); ++b)
-    prefetch_block<_MM_HINT_T1>(head_rows(kc, blocks, b, kvh, s), s);
+  if (alone) {
+    for (int b = first_block; b <= std::min(last_block, first_block + ahead - 1); ++b)
+      prefetch_block<_MM_HINT_T1>(head_rows(kc, blocks, b, kvh, s), s);
+  }
   for (int j = first; j <= pos;) {
     const int block = j / s.block_size;
     const T* rows = head_rows(kc, blocks, block, kvh, s);

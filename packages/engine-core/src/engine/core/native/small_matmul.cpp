@@ -27,66 +27,64 @@ constexpr int kMaxRows = 3;
 
 #if defined(__AVX512F__)
 
-inline __mmask16 tail16(int64_t left) {
-  return left >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << left) - 1);
-}
+// One 512-bit register of T as dot_rows uses it: how many elements it holds, its load (and
+// the masked one for a row's last elements) and the multiply-accumulate into 16 float32s.
+template <typename T>
+struct Lanes;
 
-// acc[m] = dot(w[0:K], x_m[0:K]) for the M rows of x (float32).
-template <int M>
-inline void dot_rows(const float* w, const float* x, int64_t x_row, int64_t K, float* acc) {
-  __m512 a[M], b[M];
-  for (int m = 0; m < M; ++m) a[m] = b[m] = _mm512_setzero_ps();
-  int64_t k = 0;
-  for (; k + 32 <= K; k += 32) {
-    const __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
-    for (int m = 0; m < M; ++m) {
-      a[m] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(x + m * x_row + k), a[m]);
-      b[m] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(x + m * x_row + k + 16), b[m]);
-    }
+template <>
+struct Lanes<float> {
+  using Vec = __m512;
+  static constexpr int kCount = 16;
+  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
+  static Vec load_tail(const float* p, int64_t left) {  // left < kCount
+    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), p);
   }
-  for (; k < K; k += 16) {
-    const __mmask16 mask = tail16(K - k);
-    const __m512 w0 = _mm512_maskz_loadu_ps(mask, w + k);
-    for (int m = 0; m < M; ++m)
-      a[m] = _mm512_fmadd_ps(w0, _mm512_maskz_loadu_ps(mask, x + m * x_row + k), a[m]);
-  }
-  for (int m = 0; m < M; ++m) acc[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
-}
+  static __m512 madd(__m512 acc, Vec w, Vec x) { return _mm512_fmadd_ps(w, x, acc); }
+};
 
 #if defined(__AVX512BF16__)
-inline __mmask32 tail32(int64_t left) {
-  return left >= 32 ? ~static_cast<__mmask32>(0) : static_cast<__mmask32>((1u << left) - 1);
-}
+template <>
+struct Lanes<uint16_t> {  // bfloat16: pairs multiplied exactly, summed in float32
+  using Vec = __m512bh;
+  static constexpr int kCount = 32;
+  static Vec load(const uint16_t* p) {
+    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
+  }
+  static Vec load_tail(const uint16_t* p, int64_t left) {  // left < kCount
+    const auto mask = static_cast<__mmask32>((1u << left) - 1);
+    return reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, p));
+  }
+  static __m512 madd(__m512 acc, Vec w, Vec x) { return _mm512_dpbf16_ps(acc, w, x); }
+};
+#endif
 
-inline __m512bh load_bh(const uint16_t* p) {
-  return reinterpret_cast<__m512bh>(_mm512_loadu_si512(p));
-}
-
-// The same for bfloat16 (as uint16_t): pairs multiplied exactly, summed in float32.
-template <int M>
-inline void dot_rows(const uint16_t* w, const uint16_t* x, int64_t x_row, int64_t K,
-                     float* acc) {
+// acc[m] = dot(w[0:K], x_m[0:K]) for the M rows of x, in float32: two registers of w per
+// step (two accumulators per row), then the last K % kCount elements masked.
+template <int M, typename T>
+inline void dot_rows(const T* w, const T* x, int64_t x_row, int64_t K, float* acc) {
+  using L = Lanes<T>;
+  constexpr int V = L::kCount;
   __m512 a[M], b[M];
   for (int m = 0; m < M; ++m) a[m] = b[m] = _mm512_setzero_ps();
   int64_t k = 0;
-  for (; k + 64 <= K; k += 64) {
-    const __m512bh w0 = load_bh(w + k), w1 = load_bh(w + k + 32);
+  for (; k + 2 * V <= K; k += 2 * V) {
+    const auto w0 = L::load(w + k), w1 = L::load(w + k + V);
     for (int m = 0; m < M; ++m) {
-      a[m] = _mm512_dpbf16_ps(a[m], w0, load_bh(x + m * x_row + k));
-      b[m] = _mm512_dpbf16_ps(b[m], w1, load_bh(x + m * x_row + k + 32));
+      a[m] = L::madd(a[m], w0, L::load(x + m * x_row + k));
+      b[m] = L::madd(b[m], w1, L::load(x + m * x_row + k + V));
     }
   }
-  for (; k < K; k += 32) {
-    const __mmask32 mask = tail32(K - k);
-    const auto w0 = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, w + k));
+  for (; k < K; k += V) {
+    const bool whole = K - k >= V;
+    const auto w0 = whole ? L::load(w + k) : L::load_tail(w + k, K - k);
     for (int m = 0; m < M; ++m) {
-      const auto xm = reinterpret_cast<__m512bh>(_mm512_maskz_loadu_epi16(mask, x + m * x_row + k));
-      a[m] = _mm512_dpbf16_ps(a[m], w0, xm);
+      const T* xm = x + m * x_row + k;
+      a[m] = L::madd(a[m], w0, whole ? L::load(xm) : L::load_tail(xm, K - k));
     }
   }
   for (int m = 0; m < M; ++m) acc[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
 }
-#endif
 
 // Rows [lo, hi) of W against the M rows of x.
 template <int M, typename T>
