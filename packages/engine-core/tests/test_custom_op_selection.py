@@ -236,7 +236,7 @@ def test_the_operator_and_the_platform_choose_in_the_engine(
 
 def test_enforce_eager_from_the_operator_is_kept(tiny_llama: Path) -> None:
     config = PlatformConfig()
-    CpuPlatform.check_and_update_config(config)  # the built-in CPU sets nothing
+    CpuPlatform.check_and_update_config(config)  # the built-in CPU leaves graphs alone
     assert config.enforce_eager is False
     _, norm, setup = _run(tiny_llama, plugins="none", enforce_eager=True)
     assert setup.enforce_eager is True and norm == "RMSNorm"

@@ -94,8 +94,10 @@ class EngineConfig(BaseModel):
         "max-model-len need")
     enable_prefix_caching: bool = Field(True, description="share KV blocks of common prefixes")
     max_num_seqs: int = Field(256, ge=1, description="most requests in one step")
-    max_num_batched_tokens: int = Field(
-        2048, ge=1, description="most tokens in one step (the token budget)")
+    max_num_batched_tokens: int | None = Field(
+        None, ge=1, description="most tokens in one step (the token budget); default: the "
+        "platform's (512 on the CPU), else 2048, and at least max-model-len when chunked "
+        "prefill is disabled")
     enable_chunked_prefill: bool = Field(
         True, description="split long prompts across steps within the token budget")
     scheduler: str = Field("default", description="scheduler (engine.schedulers name or "

@@ -38,6 +38,9 @@ from engine.sdk.quantization import QuantizationConfig
 
 logger = logging.getLogger("engine")
 
+#: The token budget where neither the operator nor the platform chose one.
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
@@ -66,6 +69,9 @@ class EngineSetup:
     quantization: QuantizationSelection | None = None
     #: Default sampling parameters (``--generation-config``) of requests that leave them unset.
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
+    #: The token budget of one step: ``--max-num-batched-tokens``, else the platform's
+    #: choice, else ``DEFAULT_MAX_NUM_BATCHED_TOKENS`` (see ``resolve_token_budget``).
+    max_num_batched_tokens: int = 2048
 
     @property
     def quant_config(self) -> QuantizationConfig | None:
@@ -101,6 +107,28 @@ def resolve_dtype(requested: str, hf_config: Any, source: ModelSource,
     return _TORCH_DTYPES.get(preferred, torch.float32)
 
 
+def resolve_token_budget(config: EngineConfig, platform_choice: int | None, platform: str,
+                         max_model_len: int) -> int:
+    """The token budget: the operator's, else the platform's, else the default.
+
+    Without chunked prefill a prompt must fit one step, so a budget the operator did not
+    give is raised to ``max_model_len`` (as vLLM does); one the operator gave is kept (the
+    scheduler refuses it with the reason).
+
+    Raises:
+        ValidationError: the platform chose a budget below 1.
+    """
+    if config.max_num_batched_tokens is not None:
+        return config.max_num_batched_tokens
+    if platform_choice is not None and (isinstance(platform_choice, bool) or not isinstance(
+            platform_choice, int) or platform_choice < 1):
+        raise ValidationError(f"platform {platform} set max_num_batched_tokens to "
+                              f"{platform_choice!r}; it must be an int >= 1",
+                              param="max_num_batched_tokens")
+    budget = platform_choice or DEFAULT_MAX_NUM_BATCHED_TOKENS
+    return budget if config.enable_chunked_prefill else max(budget, max_model_len)
+
+
 def resolve_max_model_len(requested: int | None, hf_config: Any) -> int:
     """``--max-model-len`` if given (never above the model's), else the model's length."""
     model_len = int(getattr(hf_config, "max_position_embeddings", 0) or 2048)
@@ -129,7 +157,8 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
                                      worker_extensions=list(config.worker_extensions),
                                      attention_backend=config.attention_backend,
                                      custom_ops=list(config.custom_ops),
-                                     enforce_eager=config.enforce_eager)
+                                     enforce_eager=config.enforce_eager,
+                                     max_num_batched_tokens=config.max_num_batched_tokens)
     platform.check_and_update_config(platform_config)
     custom_ops = resolve_settings(config.custom_ops, platform_config.custom_ops,
                                   platform.name, catalog)  # bad op names fail here
@@ -143,10 +172,12 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     check_kv_cache_dtype(config.kv_cache_dtype, str(dtype).removeprefix("torch."))
     quantization = resolve_quantization(config.quantization, catalog, source, platform,
                                         str(dtype).removeprefix("torch."))  # before any load
+    max_model_len = resolve_max_model_len(config.max_model_len, hf_config)
     setup = EngineSetup(
         config=config, catalog=catalog, manifest=manifest, platform=platform, source=source,
-        hf_config=hf_config, dtype=dtype,
-        max_model_len=resolve_max_model_len(config.max_model_len, hf_config),
+        hf_config=hf_config, dtype=dtype, max_model_len=max_model_len,
+        max_num_batched_tokens=resolve_token_budget(config, platform_config.max_num_batched_tokens,
+                                                    platform.name, max_model_len),
         attention_backend=platform_config.attention_backend,
         block_size=platform_config.block_size or config.block_size,
         worker_extensions=tuple(dict.fromkeys(platform_config.worker_extensions)),

@@ -61,8 +61,12 @@ class PlatformConfig:
         enforce_eager: Disable graph capture.
         custom_ops: ``+name``/``-name`` items enabling or disabling custom-op replacements.
         worker_extensions: Names of worker extensions to add.
+        max_num_batched_tokens: The token budget of one step (``None``: the engine's
+            default, 2048). A platform sets it only where the operator left it ``None``,
+            to the step size its device serves best (the CPU platform: 512).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``max_num_batched_tokens``.
     """
 
     dtype: str | None = None
@@ -71,6 +75,7 @@ class PlatformConfig:
     enforce_eager: bool = False
     custom_ops: list[str] = field(default_factory=list)
     worker_extensions: list[str] = field(default_factory=list)
+    max_num_batched_tokens: int | None = None
 
 
 class Platform(Plugin, ABC):

@@ -60,7 +60,7 @@ def drive_worker(worker: Any, requests: Sequence[Any], *, max_num_seqs: int,
     scheduler = Scheduler(SchedulerContext(
         plugin_name="default", block_size=setup.block_size, num_kv_blocks=worker.num_blocks - 1,
         max_num_seqs=max_num_seqs, max_model_len=setup.max_model_len,
-        max_num_batched_tokens=setup.config.max_num_batched_tokens))
+        max_num_batched_tokens=setup.max_num_batched_tokens))
     for request in requests:
         scheduler.add_request(request)
     steps, outputs = [], []

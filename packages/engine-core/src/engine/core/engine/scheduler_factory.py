@@ -25,14 +25,14 @@ def make_scheduler(setup: EngineSetup, num_blocks: int, *,
                               lambda options: policy_cls(SchedulingPolicyContext(
         plugin_name=policy_name, options=options, process="engine_core",
         model=setup.source.display_name, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens, num_kv_blocks=num_blocks,
+        max_num_batched_tokens=setup.max_num_batched_tokens, num_kv_blocks=num_blocks,
     )))
     return construct_plugin(setup, SCHEDULERS, scheduler_name, scheduler_cls,
                             lambda options: scheduler_cls(SchedulerContext(
         plugin_name=scheduler_name, options=options, process="engine_core",
         model=setup.source.display_name, block_size=setup.block_size,
         num_kv_blocks=num_blocks, max_num_seqs=config.max_num_seqs,
-        max_num_batched_tokens=config.max_num_batched_tokens,
+        max_num_batched_tokens=setup.max_num_batched_tokens,
         max_model_len=setup.max_model_len,
         enable_prefix_caching=config.enable_prefix_caching,
         enable_chunked_prefill=config.enable_chunked_prefill, policy=policy,

@@ -172,7 +172,7 @@ class Worker:
         ctx = AttentionContext(
             plugin_name=self.built.backend.name, spec=spec, layer_names=tuple(layers),
             device=str(self.device), max_num_reqs=self.setup.config.max_num_seqs,
-            max_num_batched_tokens=self.setup.config.max_num_batched_tokens,
+            max_num_batched_tokens=self.setup.max_num_batched_tokens,
             max_model_len=self.setup.max_model_len,
         )
         return self.built.backend.get_builder_cls()(ctx)
