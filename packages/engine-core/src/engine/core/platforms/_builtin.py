@@ -62,9 +62,9 @@ class CpuPlatform(Platform):
 
         On a CPU a step of 2048 prompt tokens takes about a second (the matrix products
         run at their peak from ~64 rows on), and every running stream waits for it: steps
-        of 512 give the first tokens of a burst of prompts sooner (mean TTFT 25-35% lower
-        at 64 concurrent streams) and keep the decode interval short, at the same
-        throughput (benchmarks/README.md).
+        of 512 give the first tokens of a burst of prompts sooner (mean TTFT 27-33% lower
+        at 64 concurrent streams) and keep the decode interval short, at a
+        throughput equal within the noise (benchmarks/README.md).
         """
         if config.max_num_batched_tokens is None:
             config.max_num_batched_tokens = CPU_TOKEN_BUDGET
