@@ -71,7 +71,7 @@ class EngineSetup:
     generation_defaults: GenerationDefaults = field(default_factory=GenerationDefaults)
     #: The token budget of one step: ``--max-num-batched-tokens``, else the platform's
     #: choice, else ``DEFAULT_MAX_NUM_BATCHED_TOKENS`` (see ``resolve_token_budget``).
-    max_num_batched_tokens: int = 2048
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS
 
     @property
     def quant_config(self) -> QuantizationConfig | None:
