@@ -1,4 +1,4 @@
-"""The workers' KV-cache tensors: zero, lazily committed, and aligned for the CPU kernels."""
+"""The workers' KV-cache tensors on the CPU: zero, writable throughout, aligned for the kernels."""
 
 from __future__ import annotations
 
