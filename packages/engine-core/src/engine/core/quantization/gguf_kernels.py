@@ -10,11 +10,13 @@
   per 32 weights (``w = (q - 8) * scale + zero``: Q4_0 zero = 0, Q4_1 zero = m + 8 d,
   Q4_K scale = d sc_j, zero = 8 scale - dmin m_j), the same 4.5-5 bits per weight, and
   multiplies with the fused ``_weight_int4pack_mm_for_cpu`` for up to
-  ``FUSED_MAX_TOKENS`` tokens (decode: it reads 4-bit weights). For more tokens (prefill)
-  it dequantizes its own layout into the scratch buffer and uses the bf16 matmul, which is
-  faster there. Scales and zeros are rounded to the activation dtype, so results differ
-  from the dequantized weights by about that rounding (bf16: ~0.3% of an output), and
-  greedy tokens can part from the dequantized path's where two logits nearly tie.
+  ``FUSED_MAX_TOKENS`` tokens (decode of small batches: it reads 4-bit weights). For more
+  tokens it dequantizes its own layout, transposed, into the scratch buffer (C++ loop,
+  ``native/gguf_dequant.cpp``; torch ops where that is not built) and uses the bf16
+  matmul, which is faster there. Scales and zeros are rounded to the activation dtype, so
+  results differ from the dequantized weights by about that rounding (bf16: ~0.3% of an
+  output), and greedy tokens can part from the dequantized path's where two logits nearly
+  tie.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.core.native.library import DTYPE_CODES, native_kernels
 from engine.core.quantization.gguf_formats import (
     FORMATS,
     GGUFFormat,
@@ -47,10 +50,11 @@ FLOAT_DTYPES = ("float32", "bfloat16", "float16")
 CHUNK_ELEMENTS = 1 << 21
 
 #: Up to this many tokens ``gguf_int4`` uses the fused int4 matmul; above, dequant + bf16.
-#: The fused matmul is ~2x faster than bf16 at 1 token and ~2x slower at 64, but per-layer
-#: dequantization costs more than that until a few hundred tokens (SmolLM2, 64 sequences:
-#: 161 tok/s at 16, 252 at 64 and 128, 260 at 256, batch 64 of ``benchmarks/gguf_packed.py``).
-FUSED_MAX_TOKENS = 128
+#: The fused matmul reads 4-bit weights (2.3x faster than bf16 at 1 token) but its compute
+#: grows with the tokens; the C++ dequantization (~9.5 G weights/s on 2 Zen 4 cores) costs
+#: the same at any count. SmolLM2's four products per layer, ms (fused / dequant + matmul):
+#: 0.70 / 1.06 at 16 tokens, 1.09 / 1.07 at 24, 1.55 / 1.43 at 32, 2.74-2.91 / 1.74-1.83 at 64.
+FUSED_MAX_TOKENS = 24
 
 
 def _gguf_scheme(config: LinearKernelConfig, formats: tuple[str, ...]) -> Support:
@@ -189,11 +193,41 @@ class GGUFInt4Kernel(LinearKernel):
         values = (q.reshape(stop - start, cols // 32, 32).float() - 8) * scale + zero
         return out.copy_(values.view(stop - start, cols))
 
+    def _native_matmul(self, layer: nn.Module, x2: torch.Tensor, bias: torch.Tensor | None
+                       ) -> torch.Tensor | None:
+        """``x2 @ W^T + b``, ``W^T`` dequantized by the C++ loop a chunk of rows at a time.
+
+        None where the kernels are not built or take no ``x2.dtype``.
+        """
+        kernels = native_kernels()
+        if kernels is None or x2.dtype not in DTYPE_CODES or not x2.is_cpu:
+            return None
+        cols, rows = self.config.input_size, self.config.output_size
+        packed = _weight(layer).view(-1, cols, 32)
+        sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
+        step = max(64, CHUNK_ELEMENTS // cols // 64 * 64)
+        buffer = scratch(min(step, rows) * cols, x2.dtype, x2.device)
+        out = None if rows <= step else torch.empty(x2.shape[0], rows, dtype=x2.dtype,
+                                                    device=x2.device)
+        for start in range(0, rows, step):
+            stop = min(start + step, rows)
+            weight_t = buffer[:(stop - start) * cols].view(cols, stop - start)
+            kernels.int4pack_dequant_t(packed, sz, start, stop, weight_t)
+            part = (torch.mm(x2, weight_t) if bias is None
+                    else torch.addmm(bias[start:stop], x2, weight_t))
+            if out is None:
+                return part
+            out[:, start:stop] = part
+        return out
+
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         cols, rows = self.config.input_size, self.config.output_size
         x2 = x.reshape(-1, cols)
         if x2.shape[0] > FUSED_MAX_TOKENS:
+            native = self._native_matmul(layer, x2, bias)
+            if native is not None:
+                return native.view(*x.shape[:-1], rows)
             step = max(64, CHUNK_ELEMENTS // cols // 64 * 64)
             return chunked_matmul(x, rows, cols, bias,
                                   lambda a, b, out: self._dequantize(layer, a, b, out), step)
