@@ -2,7 +2,8 @@
 
 * formats: torch dequantization of every packed type equals ``gguf.quants.dequantize``
   (numpy, what the loader uses to dequantize at load time) bit for bit;
-* kernels: ``gguf_dequant`` equals ``F.linear`` on the dequantized weight exactly;
+* kernels: ``gguf_dequant`` equals ``F.linear`` on the dequantized weight exactly (for 1-3
+  rows the ``cpu`` kernel's small-batch product, as the unquantized model);
   ``gguf_int4`` repacks exactly (float32) and stays within bf16 rounding;
 * the engine: a tiny GGUF (mixed types, a fused layer whose shards differ) loaded packed
   gives the dequantized engine's logits exactly with the exact kernel, on one rank and on
@@ -28,6 +29,8 @@ from engine.core.distributed import TensorParallelGroup
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.core.model_loader import default_model_path, iter_gguf_weights
+from engine.core.native import native_kernels
+from engine.core.native.library import SMALL_MATMUL_ROWS
 from engine.core.quantization import gguf_kernels
 from engine.core.quantization.gguf_formats import FORMATS, QK_K
 from engine.core.quantization.gguf_kernels import (
@@ -72,9 +75,13 @@ def test_dequant_kernel_equals_linear_on_dequantized_weight(
     kernel, layer, weight = kernel_layer(GGUFDequantKernel, name, 40, cols, dtype)
     torch_dtype = getattr(torch, dtype)
     bias = torch.randn(40, dtype=torch_dtype)
+    kernels = native_kernels()
     for tokens in (1, 7):
         x = torch.randn(tokens, cols, dtype=torch_dtype)
         want = F.linear(x, weight.to(torch_dtype), bias)
+        if tokens <= SMALL_MATMUL_ROWS and kernels and torch_dtype in kernels.small_matmul_dtypes:
+            # What the unquantized model's ``cpu`` kernel gives for a few rows.
+            kernels.small_matmul(x, weight.to(torch_dtype), bias, want)
         assert torch.equal(kernel.apply(layer, x, bias), want)
         monkeypatch.setattr(gguf_kernels, "CHUNK_ELEMENTS", cols * 16)  # 3 chunks of rows
         chunked = kernel.apply(layer, x, bias)

@@ -2,9 +2,10 @@
 
 * ``gguf_dequant`` (priority 0, every format, every device): dequantizes the layer's rows
   in chunks of about ``CHUNK_ELEMENTS`` weights into a reused scratch buffer
-  (``scratch.py``) and multiplies each chunk with ``F.linear``. Exact: the result equals
-  ``F.linear`` on the weight dequantized at load time, bit for bit (a chunk of rows gives
-  the same sums as the whole matrix).
+  (``scratch.py``) and multiplies each chunk with ``F.linear`` (1 to 3 tokens on the CPU:
+  the ``cpu`` linear kernel's small-batch product). Exact: the result equals what the
+  unquantized model's kernel gives on the weight dequantized at load time, bit for bit (a
+  chunk of rows gives the same sums as the whole matrix).
 * ``gguf_int4`` (priority 100, CPU, Q4_0 / Q4_1 / Q4_K, output rows a multiple of 64):
   repacks the 4-bit values once into torch's CPU int4 layout with one (scale, zero) pair
   per 32 weights (``w = (q - 8) * scale + zero``: Q4_0 zero = 0, Q4_1 zero = m + 8 d,
@@ -28,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.native.library import DTYPE_CODES, native_kernels
+from engine.core.native.library import DTYPE_CODES, SMALL_MATMUL_ROWS, native_kernels
 from engine.core.quantization.gguf_formats import (
     FORMATS,
     GGUFFormat,
@@ -82,18 +83,33 @@ def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | N
     """``x @ W^T + b`` with ``W`` produced ``step`` rows at a time by ``dequantize``.
 
     ``dequantize(start, stop, out)`` writes rows ``[start, stop)`` of ``W`` into ``out``
-    ``[stop - start, cols]`` (a view of the scratch buffer) and returns it.
+    ``[stop - start, cols]`` (a view of the scratch buffer) and returns it. Each chunk is
+    multiplied as the unquantized model's linear kernel would: ``F.linear``, or for 1 to
+    ``SMALL_MATMUL_ROWS`` tokens on the CPU the engine's small-batch kernel (the ``cpu``
+    linear kernel's; a row's sum does not depend on the chunks, so both give the same
+    values as on the whole dequantized weight).
     """
     x2 = x.reshape(-1, cols)
     buffer = scratch(min(step, rows) * cols, x.dtype, x.device)
-    if rows <= step:
+    kernels = native_kernels()
+    small = (kernels is not None and x.is_cpu and 0 < x2.shape[0] <= SMALL_MATMUL_ROWS
+             and x.dtype in kernels.small_matmul_dtypes
+             and not (torch.is_grad_enabled() and x.requires_grad))
+    if rows <= step and not small:
         weight = dequantize(0, rows, buffer.view(rows, cols))
         return F.linear(x2, weight, bias).view(*x.shape[:-1], rows)
+    if small and x2.stride(1) != 1:
+        x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], rows, dtype=x.dtype, device=x.device)
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         weight = dequantize(start, stop, buffer[:(stop - start) * cols].view(stop - start, cols))
-        out[:, start:stop] = F.linear(x2, weight, None if bias is None else bias[start:stop])
+        part_bias = None if bias is None else bias[start:stop]
+        if small:
+            assert kernels is not None
+            kernels.small_matmul(x2, weight, part_bias, out[:, start:stop])
+        else:
+            out[:, start:stop] = F.linear(x2, weight, part_bias)
     return out.view(*x.shape[:-1], rows)
 
 
