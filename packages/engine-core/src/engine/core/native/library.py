@@ -281,9 +281,9 @@ class NativeKernels:
         code = _dtype_code("gguf_dequant", out)
         if ggml_type not in GGUF_DEQUANT_TYPES or blocks.dim() != 2 or (
                 blocks.shape[1] != GGUF_DEQUANT_TYPES[ggml_type]):
-            raise ValueError(f"gguf_dequant: expected blocks uint8 [n, type_size] of a type in "
-                             f"{GGUF_DEQUANT_TYPES} (ggml code: bytes), got type {ggml_type} "
-                             f"{tuple(blocks.shape)}")
+            raise ValueError(f"gguf_dequant: expected blocks uint8 [n, type_size] of Q4_0 (ggml "
+                             f"type 2, 18-byte blocks), Q4_1 (3, 20 bytes) or Q8_0 (8, 34 "
+                             f"bytes), got type {ggml_type} {tuple(blocks.shape)}")
         _check_flat("gguf_dequant", ("blocks", blocks, torch.uint8, blocks.numel()),
                     ("out", out, out.dtype, blocks.shape[0] * 32))
         _call("gguf_dequant", self._gguf_dequant(
@@ -299,6 +299,9 @@ class NativeKernels:
         contiguous; ``start``/``stop``: multiples of 64. ``w = (q - 8) * scale + zero`` in
         float32, rounded once.
         """
+        if packed.dim() != 3 or packed.shape[2] != 32:
+            raise ValueError(f"int4pack_dequant_t: expected packed uint8 [N / 64, K, 32], got "
+                             f"{tuple(packed.shape)}")
         tiles, cols, _ = packed.shape
         code = _dtype_code("int4pack_dequant_t", out)
         if not (0 <= start < stop <= 64 * tiles and start % 64 == 0 and stop % 64 == 0

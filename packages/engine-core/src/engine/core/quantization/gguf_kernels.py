@@ -52,7 +52,7 @@ CHUNK_ELEMENTS = 1 << 21
 
 #: Up to this many tokens ``gguf_int4`` uses the fused int4 matmul; above, dequant + bf16.
 #: The fused matmul reads 4-bit weights (2.3x faster than bf16 at 1 token) but its compute
-#: grows with the tokens; the C++ dequantization (~9.5 G weights/s on 2 Zen 4 cores) costs
+#: grows with the tokens; the C++ dequantization (~13 G weights/s on 2 Zen 4 cores) costs
 #: the same at any count. SmolLM2's four products per layer, ms (fused / dequant + matmul):
 #: 0.70 / 1.06 at 16 tokens, 1.09 / 1.07 at 24, 1.55 / 1.43 at 32, 2.74-2.91 / 1.74-1.83 at 64.
 FUSED_MAX_TOKENS = 24
@@ -92,22 +92,21 @@ def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | N
     x2 = x.reshape(-1, cols)
     buffer = scratch(min(step, rows) * cols, x.dtype, x.device)
     kernels = native_kernels()
-    small = (kernels is not None and x.is_cpu and 0 < x2.shape[0] <= SMALL_MATMUL_ROWS
-             and x.dtype in kernels.small_matmul_dtypes
-             and not (torch.is_grad_enabled() and x.requires_grad))
-    if rows <= step and not small:
+    small = kernels if (kernels is not None and x.is_cpu and 0 < x2.shape[0] <= SMALL_MATMUL_ROWS
+                        and x.dtype in kernels.small_matmul_dtypes
+                        and not (torch.is_grad_enabled() and x.requires_grad)) else None
+    if rows <= step and small is None:
         weight = dequantize(0, rows, buffer.view(rows, cols))
         return F.linear(x2, weight, bias).view(*x.shape[:-1], rows)
-    if small and x2.stride(1) != 1:
+    if small is not None and x2.stride(1) != 1:
         x2 = x2.contiguous()
     out = torch.empty(x2.shape[0], rows, dtype=x.dtype, device=x.device)
     for start in range(0, rows, step):
         stop = min(start + step, rows)
         weight = dequantize(start, stop, buffer[:(stop - start) * cols].view(stop - start, cols))
         part_bias = None if bias is None else bias[start:stop]
-        if small:
-            assert kernels is not None
-            kernels.small_matmul(x2, weight, part_bias, out[:, start:stop])
+        if small is not None:
+            small.small_matmul(x2, weight, part_bias, out[:, start:stop])
         else:
             out[:, start:stop] = F.linear(x2, weight, part_bias)
     return out.view(*x.shape[:-1], rows)
