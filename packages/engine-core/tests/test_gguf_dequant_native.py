@@ -5,7 +5,8 @@
 ``FUSED_MAX_TOKENS``) must give the torch code's values bit for bit: checked against that
 code with the C++ path switched off, on sizes that run on one thread and on several, with
 float16 scales that are subnormal, infinite or NaN (a NaN comes out as a NaN; its payload
-is not compared).
+is not compared). ``small_matmul_q8_0`` (1-3 tokens times Q8_0 rows, read as stored) must
+give the dense small-batch kernel's values on the dequantized rows.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import torch.nn.functional as F
 from engine.core.native import native_kernels
 from engine.core.quantization import gguf_formats, gguf_kernels
 from engine.core.quantization.gguf_formats import FORMATS
-from engine.core.quantization.gguf_kernels import GGUFInt4Kernel
+from engine.core.quantization.gguf_kernels import GGUFDequantKernel, GGUFInt4Kernel
 from engine.testing.gguf_blocks import kernel_layer, raw_blocks
 
 KERNELS = native_kernels()
@@ -143,3 +144,56 @@ def test_int4_kernel_above_the_fused_size(bias: bool, monkeypatch: pytest.Monkey
     reference = F.linear(x.float(), weight, None if b is None else b.float())
     error = (got.float() - reference).norm() / reference.norm()
     assert error < 1e-2  # the int4 scales' rounding to bf16
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("tokens", [1, 2, 3])
+@pytest.mark.parametrize("bias", [False, True])
+def test_q8_0_small_matmul_equals_the_dense_kernel(dtype: torch.dtype, tokens: int,
+                                                   bias: bool) -> None:
+    """Read from the blocks: the dense small-batch kernel's values on the dequantized rows."""
+    assert KERNELS is not None
+    if dtype not in KERNELS.small_matmul_dtypes:
+        pytest.skip(f"no small-batch kernel for {dtype} on this CPU")
+    rows, cols = 200, 288  # 9 blocks a row (odd: the bf16 loop's tail); rows not a multiple of 16
+    data = torch.from_numpy(raw_blocks("Q8_0", rows, cols))
+    weight = FORMATS["Q8_0"].dequantize(data, torch.empty(rows, cols, dtype=dtype))
+    x = torch.randn(tokens, cols, dtype=dtype)
+    b = torch.randn(rows, dtype=dtype) if bias else None
+    want, got = torch.empty(tokens, rows, dtype=dtype), torch.empty(tokens, rows, dtype=dtype)
+    KERNELS.small_matmul(x, weight, b, want)
+    KERNELS.small_matmul_q8_0(x, data, b, got)
+    assert torch.equal(got, want)
+
+
+def test_q8_0_dequant_kernel_reads_the_blocks_for_few_tokens(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    assert KERNELS is not None
+    if torch.bfloat16 not in KERNELS.small_matmul_dtypes:
+        pytest.skip("no bfloat16 small-batch kernel on this CPU")
+    kernel, layer, _ = kernel_layer(GGUFDequantKernel, "Q8_0", 96, 64, "bfloat16")
+    x = torch.randn(2, 64, dtype=torch.bfloat16)
+    want = kernel.apply(layer, x)
+
+    def no_chunks(*args: object) -> torch.Tensor:
+        raise AssertionError("dequantized into the scratch buffer")
+
+    monkeypatch.setattr(gguf_kernels, "chunked_matmul", no_chunks)
+    assert torch.equal(kernel.apply(layer, x), want)
+    with pytest.raises(AssertionError, match="scratch"):  # more tokens still dequantize
+        kernel.apply(layer, torch.randn(4, 64, dtype=torch.bfloat16))
+
+
+def test_q8_0_small_matmul_refuses_bad_shapes() -> None:
+    assert KERNELS is not None
+    if torch.float32 not in KERNELS.small_matmul_dtypes:
+        pytest.skip("no float32 small-batch kernel on this CPU")
+    data = torch.zeros(16, 2 * 34, dtype=torch.uint8)
+    out = torch.empty(1, 16)
+    with pytest.raises(ValueError, match=r"Q8_0 blocks \[N, K / 32 \* 34\]"):
+        KERNELS.small_matmul_q8_0(torch.empty(1, 96), data, None, out)  # 3 blocks, not 2
+    with pytest.raises(ValueError, match="1..3 rows"):
+        KERNELS.small_matmul_q8_0(torch.empty(4, 64), data, None, torch.empty(4, 16))
+    with pytest.raises(ValueError, match="not supported"):
+        KERNELS.small_matmul_q8_0(torch.empty(1, 64, dtype=torch.float16), data, None,
+                                  torch.empty(1, 16, dtype=torch.float16))

@@ -31,32 +31,6 @@ constexpr int64_t kParallelWeights = int64_t{1} << 16;
 
 enum GGMLType : int { kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8 };
 
-// float16 bits to float32, exactly (subnormals included).
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  const uint32_t exponent = (h >> 10) & 0x1Fu;
-  const uint32_t mantissa = h & 0x3FFu;
-  uint32_t bits;
-  if (exponent == 0x1F) {
-    bits = sign | 0x7F800000u | (mantissa << 13);
-  } else if (exponent != 0) {
-    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-  } else {
-    const float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24
-    std::memcpy(&bits, &value, sizeof bits);
-    bits |= sign;
-  }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-}
-
-inline float half_at(const uint8_t* p) {
-  uint16_t h;
-  std::memcpy(&h, p, sizeof h);
-  return half_to_float(h);
-}
-
 #if defined(__AVX512F__)
 
 inline void store16(float* o, __m512 v) { _mm512_storeu_ps(o, v); }

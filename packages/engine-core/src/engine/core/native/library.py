@@ -173,6 +173,9 @@ class NativeKernels:
         self._int4pack_dequant_t = lib.engine_int4pack_dequant_t
         self._int4pack_dequant_t.restype = _I32
         self._int4pack_dequant_t.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _I32, _P, _I32]
+        self._small_matmul_q8_0 = lib.engine_small_matmul_q8_0
+        self._small_matmul_q8_0.restype = _I32
+        self._small_matmul_q8_0.argtypes = self._small_matmul.argtypes
         codes = lib.engine_small_matmul_dtypes()
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
         #: bfloat16 also avx512_bf16); empty elsewhere.
@@ -268,6 +271,36 @@ class NativeKernels:
             _check_rows("small_matmul", weight.dtype, n, bias.view(1, -1))
         _call("small_matmul", self._small_matmul(
             DTYPE_CODES[weight.dtype], x.data_ptr(), x.stride(0), rows, weight.data_ptr(), n, k,
+            None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
+            torch.get_num_threads()))
+
+    def small_matmul_q8_0(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
+                          out: torch.Tensor) -> None:
+        """``small_matmul`` with the weight as GGUF Q8_0 rows, read as they are stored.
+
+        ``blocks``: contiguous ``uint8 [N, K / 32 * 34]``. The same values as
+        ``small_matmul`` on those rows dequantized to ``x``'s dtype (each weight computed
+        and rounded as ``gguf_dequant`` would, then the same sums), at a fraction of the
+        bytes read.
+        """
+        rows, n = out.shape
+        k = x.shape[1] if x.dim() == 2 else -1
+        if x.dtype not in self.small_matmul_dtypes:
+            raise ValueError(f"small_matmul_q8_0: dtype {x.dtype} not supported on this CPU; "
+                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
+        if not 1 <= rows <= SMALL_MATMUL_ROWS or k % 32 or tuple(blocks.shape) != (
+                n, k // 32 * 34):
+            raise ValueError(f"small_matmul_q8_0: expected 1..{SMALL_MATMUL_ROWS} rows of K "
+                             f"(a multiple of 32) and Q8_0 blocks [N, K / 32 * 34], got x "
+                             f"{tuple(x.shape)}, blocks {tuple(blocks.shape)}, out "
+                             f"{tuple(out.shape)}")
+        _check_rows("small_matmul_q8_0", x.dtype, k, x)
+        _check_rows("small_matmul_q8_0", x.dtype, n, out)
+        _check_flat("small_matmul_q8_0", ("blocks", blocks, torch.uint8, blocks.numel()))
+        if bias is not None:
+            _check_rows("small_matmul_q8_0", x.dtype, n, bias.view(1, -1))
+        _call("small_matmul_q8_0", self._small_matmul_q8_0(
+            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, blocks.data_ptr(), n, k,
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 

@@ -1,6 +1,6 @@
 // Scalar loads and stores of float32 and bfloat16 (as uint16_t) values, computed in
-// float32, shared by the engine's CPU kernels. Written without branches so that loops over
-// them vectorize.
+// float32, and float16 values read as float32, shared by the engine's CPU kernels. Written
+// without branches (half_to_float aside) so that loops over them vectorize.
 #pragma once
 
 #include <cstdint>
@@ -39,6 +39,32 @@ inline int with_dtype(int dtype, F&& f) {
     return 1;
   }
   return 0;
+}
+
+// float16 bits to float32, exactly (subnormals included).
+inline float half_to_float(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  const uint32_t exponent = (h >> 10) & 0x1Fu;
+  const uint32_t mantissa = h & 0x3FFu;
+  uint32_t bits;
+  if (exponent == 0x1F) {
+    bits = sign | 0x7F800000u | (mantissa << 13);
+  } else if (exponent != 0) {
+    bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+  } else {
+    const float value = static_cast<float>(mantissa) * 5.9604644775390625e-8f;  // 2^-24
+    std::memcpy(&bits, &value, sizeof bits);
+    bits |= sign;
+  }
+  float f;
+  std::memcpy(&f, &bits, sizeof f);
+  return f;
+}
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return half_to_float(h);
 }
 
 // A float32 value rounded as storing it in T and loading it back would.

@@ -29,7 +29,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.native.library import DTYPE_CODES, SMALL_MATMUL_ROWS, native_kernels
+from engine.core.native.library import (
+    DTYPE_CODES,
+    SMALL_MATMUL_ROWS,
+    NativeKernels,
+    native_kernels,
+)
 from engine.core.quantization.gguf_formats import (
     FORMATS,
     GGUFFormat,
@@ -77,6 +82,21 @@ def _weight(layer: nn.Module) -> torch.Tensor:
     return weight
 
 
+def _small_kernels(x: torch.Tensor) -> NativeKernels | None:
+    """The C++ kernels, where their small-batch products take ``x``; else None.
+
+    They take 1 to ``SMALL_MATMUL_ROWS`` rows of a dtype they have on this CPU, outside
+    autograd.
+    """
+    kernels = native_kernels()
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if (kernels is None or not x.is_cpu or not 0 < rows <= SMALL_MATMUL_ROWS
+            or x.dtype not in kernels.small_matmul_dtypes
+            or (torch.is_grad_enabled() and x.requires_grad)):
+        return None
+    return kernels
+
+
 def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | None,
                    dequantize: Callable[[int, int, torch.Tensor], torch.Tensor],
                    step: int) -> torch.Tensor:
@@ -91,10 +111,7 @@ def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | N
     """
     x2 = x.reshape(-1, cols)
     buffer = scratch(min(step, rows) * cols, x.dtype, x.device)
-    kernels = native_kernels()
-    small = kernels if (kernels is not None and x.is_cpu and 0 < x2.shape[0] <= SMALL_MATMUL_ROWS
-                        and x.dtype in kernels.small_matmul_dtypes
-                        and not (torch.is_grad_enabled() and x.requires_grad)) else None
+    small = _small_kernels(x)
     if rows <= step and small is None:
         weight = dequantize(0, rows, buffer.view(rows, cols))
         return F.linear(x2, weight, bias).view(*x.shape[:-1], rows)
@@ -135,8 +152,29 @@ class GGUFDequantKernel(LinearKernel):
         def fill(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
             return fmt.dequantize(data[start:stop], out)
 
+        if fmt.name == "Q8_0":
+            direct = _q8_0_small_matmul(x, data, cols, bias)
+            if direct is not None:
+                return direct
         step = max(1, CHUNK_ELEMENTS // cols)
         return chunked_matmul(x, data.shape[0], cols, bias, fill, step)
+
+
+def _q8_0_small_matmul(x: torch.Tensor, data: torch.Tensor, cols: int,
+                       bias: torch.Tensor | None) -> torch.Tensor | None:
+    """1 to ``SMALL_MATMUL_ROWS`` tokens times Q8_0 rows read as stored (C++).
+
+    The values equal ``chunked_matmul``'s; None where the kernel does not apply.
+    """
+    kernels = _small_kernels(x)
+    if kernels is None or not data.is_contiguous():
+        return None
+    x2 = x.reshape(-1, cols)
+    if x2.stride(1) != 1:
+        x2 = x2.contiguous()
+    out = torch.empty(x2.shape[0], data.shape[0], dtype=x.dtype, device=x.device)
+    kernels.small_matmul_q8_0(x2, data, bias, out)
+    return out.view(*x.shape[:-1], data.shape[0])
 
 
 def int4_fields(fmt: GGUFFormat, data: torch.Tensor, cols: int
