@@ -13,8 +13,9 @@
 //
 // Both compute in float32 with a product then a sum (compiled without FMA contraction,
 // library.py) and round once, as the torch code they replace does: the values are the
-// same bit for bit (a NaN stays a NaN, its payload aside). A block's 32 values are two 16-lane registers on AVX-512 (GCC does not
-// vectorize the scalar loops, used elsewhere: every byte load may alias the output).
+// same bit for bit (a NaN stays a NaN, its payload aside). A block's 32 values are two
+// 16-lane registers on AVX-512 (GCC does not vectorize the scalar loops, used elsewhere:
+// every byte load may alias the output).
 #include <cstdint>
 #include <cstring>
 

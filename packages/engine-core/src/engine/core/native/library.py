@@ -27,6 +27,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -253,26 +254,14 @@ class NativeKernels:
         rows of ``x`` and ``out`` contiguous. One dtype, in ``small_matmul_dtypes``. Every
         weight is read once, so decode steps of small batches run at the memory's speed.
         """
-        rows, n = out.shape
-        k = weight.shape[1]
-        if weight.dtype not in self.small_matmul_dtypes:
-            raise ValueError(f"small_matmul: dtype {weight.dtype} not supported on this CPU; "
-                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
-        if not 1 <= rows <= SMALL_MATMUL_ROWS:
-            raise ValueError(f"small_matmul: {rows} rows; supported: 1..{SMALL_MATMUL_ROWS}")
-        _check_rows("small_matmul", weight.dtype, k, x)
-        _check_rows("small_matmul", weight.dtype, n, out)
-        _check_rows("small_matmul", weight.dtype, k, weight)
-        if not weight.is_contiguous() or x.shape[0] != rows:
-            raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight and "
-                             f"{rows} input rows, got {tuple(weight.shape)} (contiguous: "
-                             f"{weight.is_contiguous()}) and {x.shape[0]} rows")
-        if bias is not None:
-            _check_rows("small_matmul", weight.dtype, n, bias.view(1, -1))
-        _call("small_matmul", self._small_matmul(
-            DTYPE_CODES[weight.dtype], x.data_ptr(), x.stride(0), rows, weight.data_ptr(), n, k,
-            None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
-            torch.get_num_threads()))
+        n, k = weight.shape
+        self._check_small_dtype("small_matmul", x.dtype)
+        _check_rows("small_matmul", x.dtype, k, weight)
+        if not weight.is_contiguous():
+            raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight, got "
+                             f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
+        self._run_small_matmul("small_matmul", self._small_matmul, x, weight.data_ptr(), k,
+                               bias, out)
 
     def small_matmul_q8_0(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
                           out: torch.Tensor) -> None:
@@ -285,22 +274,37 @@ class NativeKernels:
         """
         rows, n = out.shape
         k = x.shape[1] if x.dim() == 2 else -1
-        if x.dtype not in self.small_matmul_dtypes:
-            raise ValueError(f"small_matmul_q8_0: dtype {x.dtype} not supported on this CPU; "
-                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
+        self._check_small_dtype("small_matmul_q8_0", x.dtype)
         if not 1 <= rows <= SMALL_MATMUL_ROWS or k % 32 or tuple(blocks.shape) != (
                 n, k // 32 * 34):
             raise ValueError(f"small_matmul_q8_0: expected 1..{SMALL_MATMUL_ROWS} rows of K "
                              f"(a multiple of 32) and Q8_0 blocks [N, K / 32 * 34], got x "
                              f"{tuple(x.shape)}, blocks {tuple(blocks.shape)}, out "
                              f"{tuple(out.shape)}")
-        _check_rows("small_matmul_q8_0", x.dtype, k, x)
-        _check_rows("small_matmul_q8_0", x.dtype, n, out)
         _check_flat("small_matmul_q8_0", ("blocks", blocks, torch.uint8, blocks.numel()))
+        self._run_small_matmul("small_matmul_q8_0", self._small_matmul_q8_0, x,
+                               blocks.data_ptr(), k, bias, out)
+
+    def _check_small_dtype(self, kernel: str, dtype: torch.dtype) -> None:
+        if dtype not in self.small_matmul_dtypes:
+            raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
+                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
+
+    def _run_small_matmul(self, kernel: str, entry: Callable[..., int], x: torch.Tensor,
+                          weight: int, k: int, bias: torch.Tensor | None,
+                          out: torch.Tensor) -> None:
+        """The checks and the call both small-batch products share (the weight checked)."""
+        rows, n = out.shape
+        if not 1 <= rows <= SMALL_MATMUL_ROWS:
+            raise ValueError(f"{kernel}: {rows} rows; supported: 1..{SMALL_MATMUL_ROWS}")
+        _check_rows(kernel, x.dtype, k, x)
+        _check_rows(kernel, x.dtype, n, out)
+        if x.shape[0] != rows:
+            raise ValueError(f"{kernel}: {x.shape[0]} input rows, {rows} output rows")
         if bias is not None:
-            _check_rows("small_matmul_q8_0", x.dtype, n, bias.view(1, -1))
-        _call("small_matmul_q8_0", self._small_matmul_q8_0(
-            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, blocks.data_ptr(), n, k,
+            _check_rows(kernel, x.dtype, n, bias.view(1, -1))
+        _call(kernel, entry(
+            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, weight, n, k,
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 
