@@ -103,7 +103,9 @@ def chunked_matmul(x: torch.Tensor, rows: int, cols: int, bias: torch.Tensor | N
     """``x @ W^T + b`` with ``W`` produced ``step`` rows at a time by ``dequantize``.
 
     ``dequantize(start, stop, out)`` writes rows ``[start, stop)`` of ``W`` into ``out``
-    ``[stop - start, cols]`` (a view of the scratch buffer) and returns it. Each chunk is
+    ``[stop - start, cols]`` (a view of the scratch buffer) and returns them: ``out``, or
+    another view of its memory (``gguf_int4`` writes ``W^T`` there and returns its
+    transpose). Each chunk is
     multiplied as the unquantized model's linear kernel would: ``F.linear``, or for 1 to
     ``SMALL_MATMUL_ROWS`` tokens on the CPU the engine's small-batch kernel (the ``cpu``
     linear kernel's; a row's sum does not depend on the chunks, so both give the same
@@ -246,44 +248,37 @@ class GGUFInt4Kernel(LinearKernel):
         values = (q.reshape(stop - start, cols // 32, 32).float() - 8) * scale + zero
         return out.copy_(values.view(stop - start, cols))
 
-    def _native_matmul(self, layer: nn.Module, x2: torch.Tensor, bias: torch.Tensor | None
-                       ) -> torch.Tensor | None:
-        """``x2 @ W^T + b``, ``W^T`` dequantized by the C++ loop a chunk of rows at a time.
+    def _native_fill(self, layer: nn.Module, x: torch.Tensor
+                     ) -> Callable[[int, int, torch.Tensor], torch.Tensor] | None:
+        """``chunked_matmul``'s ``dequantize`` through the C++ loop, or None.
 
-        None where the kernels are not built or take no ``x2.dtype``.
+        None where the loop is not built or takes no ``x.dtype``. The loop writes ``W^T``
+        ``[cols, stop - start]`` into the chunk's scratch memory; the chunk is that
+        buffer's transpose (``F.linear`` on it is ``x @ W^T``).
         """
         kernels = native_kernels()
-        if kernels is None or x2.dtype not in DTYPE_CODES or not x2.is_cpu:
+        if kernels is None or x.dtype not in DTYPE_CODES or not x.is_cpu:
             return None
-        cols, rows = self.config.input_size, self.config.output_size
+        cols = self.config.input_size
         packed = _weight(layer).view(-1, cols, 32)
         sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
-        step = max(64, CHUNK_ELEMENTS // cols // 64 * 64)
-        buffer = scratch(min(step, rows) * cols, x2.dtype, x2.device)
-        out = None if rows <= step else torch.empty(x2.shape[0], rows, dtype=x2.dtype,
-                                                    device=x2.device)
-        for start in range(0, rows, step):
-            stop = min(start + step, rows)
-            weight_t = buffer[:(stop - start) * cols].view(cols, stop - start)
+
+        def fill(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:
+            weight_t = out.view(cols, stop - start)  # the same contiguous scratch
             kernels.int4pack_dequant_t(packed, sz, start, stop, weight_t)
-            part = (torch.mm(x2, weight_t) if bias is None
-                    else torch.addmm(bias[start:stop], x2, weight_t))
-            if out is None:
-                return part
-            out[:, start:stop] = part
-        return out
+            return weight_t.t()
+
+        return fill
 
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         cols, rows = self.config.input_size, self.config.output_size
         x2 = x.reshape(-1, cols)
         if x2.shape[0] > FUSED_MAX_TOKENS:
-            native = self._native_matmul(layer, x2, bias)
-            if native is not None:
-                return native.view(*x.shape[:-1], rows)
             step = max(64, CHUNK_ELEMENTS // cols // 64 * 64)
-            return chunked_matmul(x, rows, cols, bias,
-                                  lambda a, b, out: self._dequantize(layer, a, b, out), step)
+            fill = self._native_fill(layer, x) or (
+                lambda a, b, out: self._dequantize(layer, a, b, out))
+            return chunked_matmul(x, rows, cols, bias, fill, step)
         sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
         out: torch.Tensor = torch.ops.aten._weight_int4pack_mm_for_cpu(
             x2.contiguous(), _weight(layer), 32, sz)
