@@ -24,6 +24,7 @@
 #endif
 
 #include "numerics.h"
+#include "q8_0.h"
 
 namespace {
 
@@ -75,19 +76,13 @@ template <typename T>
 void dequant_q8_0(const uint8_t* blocks, int64_t n, T* out, int threads) {
 #pragma omp parallel for schedule(static) num_threads(threads) if (n * 32 >= kParallelWeights)
   for (int64_t b = 0; b < n; ++b) {
-    const uint8_t* block = blocks + b * 34;
-    const float d = half_at(block);
-    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
+    const uint8_t* block = blocks + b * kQ8_0BlockBytes;
     T* o = out + b * 32;
 #if defined(__AVX512F__)
-    const __m512 dv = _mm512_set1_ps(d);
-    __m512 v[2];
-    for (int half = 0; half < 2; ++half) {
-      const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * half));
-      v[half] = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)), dv);
-    }
-    store32(o, v[0], v[1]);
+    store32(o, q8_lanes(block, 0), q8_lanes(block, 1));
 #else
+    const float d = half_at(block);
+    const auto* q = reinterpret_cast<const int8_t*>(block + 2);
     for (int j = 0; j < 32; ++j) store(o, j, static_cast<float>(q[j]) * d);
 #endif
   }

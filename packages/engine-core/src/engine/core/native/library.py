@@ -44,7 +44,7 @@ SOURCES = {
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
-HEADERS = (Path(__file__).with_name("numerics.h"),)
+HEADERS = (Path(__file__).with_name("numerics.h"), Path(__file__).with_name("q8_0.h"))
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
 COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17")

@@ -22,6 +22,7 @@
 #endif
 
 #include "numerics.h"
+#include "q8_0.h"
 
 namespace {
 
@@ -79,19 +80,13 @@ struct DenseRow {
   }
 };
 
-inline __m512 q8_lanes(const uint8_t* block, int half) {  // 16 values q * d of a block
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 2 + 16 * half));
-  return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)),
-                       _mm512_set1_ps(half_at(block)));
-}
-
 template <typename T>
 struct Q8Row;
 
 template <>
 struct Q8Row<float> {  // a register is half a block
   const uint8_t* blocks;
-  __m512 full(int64_t k) const { return q8_lanes(blocks + k / 32 * 34, k / 16 % 2); }
+  __m512 full(int64_t k) const { return q8_lanes(blocks + k / 32 * kQ8_0BlockBytes, k / 16 % 2); }
   __m512 tail(int64_t k, int64_t left) const {
     return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << left) - 1), full(k));
   }
@@ -102,7 +97,7 @@ template <>
 struct Q8Row<uint16_t> {  // a register is a block, rounded to nearest even
   const uint8_t* blocks;
   __m512bh full(int64_t k) const {
-    const uint8_t* block = blocks + k / 32 * 34;
+    const uint8_t* block = blocks + k / 32 * kQ8_0BlockBytes;
     return _mm512_cvtne2ps_pbh(q8_lanes(block, 1), q8_lanes(block, 0));
   }
   __m512bh tail(int64_t k, int64_t left) const {  // K is whole blocks: never called
