@@ -4,14 +4,14 @@
 
 For each layer shape of the ~100M Llama (hidden 768, intermediate 2560, vocab 8192) it
 times ``F.linear`` (kernel ``torch``), the prepacked oneDNN kernel (``onednn``) and the
-``cpu`` kernel (``onednn`` with its own C++ for 1-3 rows, where this CPU has it) and
-prints each one's rate: GB/s of weights streamed for a few rows (decode steps of small
-batches are bound by memory), GFLOP/s from 16 rows up; then the last column, ``cpu`` over
-``onednn``. It checks first that all give the same result. Each timing cycles through
-``--layers`` copies of the weight (12, one per layer of the model), so weights come from
-memory as in a real forward pass; ``--layers 1`` times one weight that stays in the
-caches, which flatters small batches. The last rows sum one whole batch-1 step (the 49
-products of the model).
+``cpu`` kernel (the engine's C++: 1-3 rows on the dense weight, more on the weight packed
+into column panels, where this CPU has it) and prints each one's rate: GB/s of weights
+streamed for a few rows (decode steps of small batches are bound by memory), GFLOP/s from
+16 rows up; then the last column, ``cpu`` over ``onednn``. It checks first that all give
+the same result. Each timing cycles through ``--layers`` copies of the weight (12, one
+per layer of the model), so weights come from memory as in a real forward pass;
+``--layers 1`` times one weight that stays in the caches, which flatters small batches.
+The last rows sum one whole step (the 49 products of the model).
 """
 
 from __future__ import annotations

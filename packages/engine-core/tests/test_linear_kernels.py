@@ -67,7 +67,7 @@ def test_cpu_kernel_runs_its_own_code_for_up_to_three_rows(monkeypatch) -> None:
     kernel.process_weights_after_loading(layer)
     for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64):
         kernel.apply(layer, torch.randn(rows, 48, dtype=torch.bfloat16))
-    assert calls == [1, SMALL_MATMUL_ROWS]  # more rows go to oneDNN
+    assert calls == [1, SMALL_MATMUL_ROWS]  # more rows: the packed product (test_packed_matmul)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

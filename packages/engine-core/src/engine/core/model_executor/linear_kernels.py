@@ -11,11 +11,14 @@
   and what other kernels would read), at the cost of a second copy.
 
 * ``cpu`` (priority 100, CPU, float32 with AVX-512 and bfloat16 with avx512_bf16; wins
-  the tie with ``onednn`` by name): ``onednn``, except that products of 1 to 3 rows
-  (decode steps of small batches) run the engine's own C++ kernel on the dense weight
-  (``native/small_matmul.cpp``), which streams each weight once at the memory's speed:
-  a batch-1 step's 49 products 1.4-1.9x faster than oneDNN's, whose loop for these shapes
-  is bound by compute (~19 GB/s against ~30). Where the kernel is not built (no compiler,
+  the tie with ``onednn`` by name): the engine's own C++. Products of 1 to 3 rows (decode
+  steps of small batches) run on the dense weight (``native/small_matmul.cpp``), which
+  streams each weight once at the memory's speed: a batch-1 step's 49 products 1.4-1.9x
+  faster than oneDNN's, whose loop for these shapes is bound by compute (~19 GB/s
+  against ~30). More rows multiply a copy of the weight packed once into column panels
+  (``native/packed_matmul.cpp``), kept instead of oneDNN's: 1.10-1.13x oneDNN at 64 rows
+  (~430 GFLOP/s), 1.2-1.6x at 4-32, even at 512-2048. A bfloat16 weight with an odd
+  input size (no whole pairs) goes to oneDNN; where the C++ is not built (no compiler,
   another CPU), ``onednn`` is chosen instead.
 
 All go through the same selection as third-party kernels: ``--linear-kernel NAME`` forces
@@ -107,10 +110,14 @@ class OneDNNLinearKernel(LinearKernel):
 
 
 class CpuLinearKernel(OneDNNLinearKernel):
-    """``onednn``, with products of 1 to ``SMALL_MATMUL_ROWS`` rows in the engine's C++."""
+    """The engine's C++ products (dense rows for 1-3 rows, column panels above; see above)."""
 
     name: ClassVar[str] = "cpu"
     priority: ClassVar[int] = 100
+
+    def __init__(self, config: LinearKernelConfig) -> None:
+        super().__init__(config)
+        self.panels: torch.Tensor | None = None
 
     @classmethod
     def is_supported(cls, platform: PlatformInfo) -> Support:
@@ -133,21 +140,42 @@ class CpuLinearKernel(OneDNNLinearKernel):
                               f"here: {supported}")
         return answer
 
+    def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
+        weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        kernels = native_kernels()
+        self.panels = self.packed = None
+        if kernels is not None and _packable(kernels.packed_matmul_dtypes, weight):
+            self.panels = kernels.pack_matmul_weight(weight.detach())
+        else:  # bfloat16 with an odd K, a build without the packed kernel: oneDNN
+            super().process_weights_after_loading(layer)
+
     def apply(
         self, layer: torch.nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
         kernels = native_kernels()
-        if not 0 < rows <= SMALL_MATMUL_ROWS or kernels is None or (
-                torch.is_grad_enabled() and x.requires_grad):
-            return super().apply(layer, x, bias)
         weight: torch.Tensor = layer.weight  # type: ignore[assignment]
+        small = 0 < rows <= SMALL_MATMUL_ROWS
+        if kernels is None or rows == 0 or not (small or self.panels is not None) or (
+                torch.is_grad_enabled() and x.requires_grad):
+            return super().apply(layer, x, bias) if self.packed is not None else F.linear(
+                x, weight, bias)
         flat = x.reshape(rows, x.shape[-1])
         if flat.stride(-1) != 1:
             flat = flat.contiguous()
-        out = torch.empty(rows, weight.shape[0], dtype=x.dtype)
-        kernels.small_matmul(flat, weight, bias, out)
-        return out.view(*x.shape[:-1], weight.shape[0])
+        n = weight.shape[0]
+        out = torch.empty(rows, n, dtype=x.dtype)
+        if small:
+            kernels.small_matmul(flat, weight, bias, out)
+        else:
+            kernels.packed_matmul(flat, self.panels, n, bias, out)  # type: ignore[arg-type]
+        return out.view(*x.shape[:-1], n)
+
+
+def _packable(dtypes: frozenset[torch.dtype], weight: torch.Tensor) -> bool:
+    """Whether ``packed_matmul`` takes this weight (its dtype built, bfloat16 pairs whole)."""
+    return weight.dtype in dtypes and weight.is_cpu and not (
+        weight.dtype == torch.bfloat16 and weight.shape[1] % 2)
 
 
 #: Row count the packed layout is chosen for (64: float32 1.15x faster at 64 rows than

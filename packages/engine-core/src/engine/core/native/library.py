@@ -41,6 +41,7 @@ SOURCES = {
         "-ffp-contract=off"),
     # Intrinsics only; float32 sums in its own order, as any matmul kernel.
     Path(__file__).with_name("small_matmul.cpp"): (),
+    Path(__file__).with_name("packed_matmul.cpp"): (),
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
@@ -54,6 +55,8 @@ DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 #: Most rows ``NativeKernels.small_matmul`` takes (``kMaxRows`` in small_matmul.cpp).
 SMALL_MATMUL_ROWS = 3
+#: Output columns per panel of ``NativeKernels.pack_matmul_weight`` (``kPanel``).
+PACKED_MATMUL_PANEL = 32
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
@@ -177,6 +180,16 @@ class NativeKernels:
         self._small_matmul_q8_0 = lib.engine_small_matmul_q8_0
         self._small_matmul_q8_0.restype = _I32
         self._small_matmul_q8_0.argtypes = self._small_matmul.argtypes
+        self._pack_matmul_weight = lib.engine_pack_matmul_weight
+        self._pack_matmul_weight.restype = _I32
+        self._pack_matmul_weight.argtypes = [_I32, _P, _I64, _I64, _P, _I32]
+        self._packed_matmul = lib.engine_packed_matmul
+        self._packed_matmul.restype = _I32
+        self._packed_matmul.argtypes = self._small_matmul.argtypes
+        packed = lib.engine_packed_matmul_dtypes()
+        #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
+        self.packed_matmul_dtypes = frozenset(
+            dtype for dtype, code in DTYPE_CODES.items() if packed >> code & 1)
         codes = lib.engine_small_matmul_dtypes()
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
         #: bfloat16 also avx512_bf16); empty elsewhere.
@@ -285,18 +298,56 @@ class NativeKernels:
         self._run_small_matmul("small_matmul_q8_0", self._small_matmul_q8_0, x,
                                blocks.data_ptr(), k, bias, out)
 
+    def pack_matmul_weight(self, weight: torch.Tensor) -> torch.Tensor:
+        """``weight`` ``[N, K]`` (contiguous) packed into column panels for ``packed_matmul``.
+
+        Returns a 1-D tensor of the weight's dtype (in ``packed_matmul_dtypes``) with
+        ``packed_matmul_size(N, K)`` elements. bfloat16 needs K even (its pairs).
+        """
+        n, k = weight.shape
+        self._check_packed_dtype("pack_matmul_weight", weight.dtype, k)
+        _check_flat("pack_matmul_weight", ("weight", weight, weight.dtype, n * k))
+        packed = torch.empty(packed_matmul_size(n, k), dtype=weight.dtype)
+        _call("pack_matmul_weight", self._pack_matmul_weight(
+            DTYPE_CODES[weight.dtype], weight.data_ptr(), n, k, packed.data_ptr(),
+            torch.get_num_threads()))
+        return packed
+
+    def packed_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int,
+                      bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        """``out`` = ``x @ weight.T + bias`` with the weight as ``pack_matmul_weight`` left it.
+
+        ``x``: ``[M, K]``, any M >= 1; ``out``: ``[M, n]``; rows of both contiguous;
+        ``bias``: ``[n]`` or None. One dtype. Sums in float32 over K in order, the bias
+        added before the one rounding to the dtype.
+        """
+        k = x.shape[1] if x.dim() == 2 else -1
+        self._check_packed_dtype("packed_matmul", x.dtype, k)
+        _check_flat("packed_matmul", ("packed", packed, x.dtype, packed_matmul_size(n, k)))
+        self._run_small_matmul("packed_matmul", self._packed_matmul, x, packed.data_ptr(), k,
+                               bias, out, max_rows=None)
+
+    def _check_packed_dtype(self, kernel: str, dtype: torch.dtype, k: int) -> None:
+        if dtype not in self.packed_matmul_dtypes:
+            raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
+                             f"supported: {sorted(map(str, self.packed_matmul_dtypes))}")
+        if k < 0 or (dtype == torch.bfloat16 and k % 2):
+            raise ValueError(f"{kernel}: K = {k}; bfloat16 weights are packed in pairs "
+                             f"along K, so K must be even")
+
     def _check_small_dtype(self, kernel: str, dtype: torch.dtype) -> None:
         if dtype not in self.small_matmul_dtypes:
             raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
                              f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
 
     def _run_small_matmul(self, kernel: str, entry: Callable[..., int], x: torch.Tensor,
-                          weight: int, k: int, bias: torch.Tensor | None,
-                          out: torch.Tensor) -> None:
-        """The checks and the call both small-batch products share (the weight checked)."""
+                          weight: int, k: int, bias: torch.Tensor | None, out: torch.Tensor,
+                          max_rows: int | None = SMALL_MATMUL_ROWS) -> None:
+        """The checks and the call the products share (the weight checked by the caller)."""
         rows, n = out.shape
-        if not 1 <= rows <= SMALL_MATMUL_ROWS:
-            raise ValueError(f"{kernel}: {rows} rows; supported: 1..{SMALL_MATMUL_ROWS}")
+        if rows < 1 or (max_rows is not None and rows > max_rows):
+            raise ValueError(f"{kernel}: {rows} rows; supported: 1.."
+                             f"{max_rows if max_rows is not None else 'any'}")
         _check_rows(kernel, x.dtype, k, x)
         _check_rows(kernel, x.dtype, n, out)
         if x.shape[0] != rows:
@@ -393,6 +444,11 @@ class NativeKernels:
             positions.data_ptr(), requests.shape[0], output.data_ptr(), output.stride(0),
             output.stride(1), heads, key_cache.shape[1], head_size, key_cache.shape[2],
             sliding_window or 0, scale, torch.get_num_threads()))
+
+
+def packed_matmul_size(n: int, k: int) -> int:
+    """Elements of an ``[n, k]`` weight packed by ``NativeKernels.pack_matmul_weight``."""
+    return -(-n // PACKED_MATMUL_PANEL) * PACKED_MATMUL_PANEL * k
 
 
 def _dtype_code(kernel: str, tensor: torch.Tensor) -> int:

@@ -3,6 +3,10 @@
 Kernels that dequantize a layer's weight for each matmul write it here instead of
 allocating: the buffer grows to the largest request and is then reused by every layer.
 A view is valid until the next :func:`scratch` call on the same thread.
+
+The buffer is a normal tensor even when first asked for under ``torch.inference_mode``
+(as the engine's steps run): an inference tensor could not be written outside that mode
+later (a kernel called directly, a test), and a normal one serves both.
 """
 
 from __future__ import annotations
@@ -21,5 +25,6 @@ def scratch(numel: int, dtype: torch.dtype, device: torch.device) -> torch.Tenso
     key = (dtype, torch.device(device))
     buffer = buffers.get(key)
     if buffer is None or buffer.numel() < numel:
-        buffer = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
+        with torch.inference_mode(False):
+            buffer = buffers[key] = torch.empty(numel, dtype=dtype, device=device)
     return buffer[:numel]

@@ -1,0 +1,122 @@
+"""The packed product (``NativeKernels.packed_matmul``) and the ``cpu`` kernel's use of it."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from engine.core.model_executor.linear_kernels import CpuLinearKernel
+from engine.core.native import native_kernels
+from engine.core.native.library import SMALL_MATMUL_ROWS, NativeKernels, packed_matmul_size
+from engine.sdk.linear_kernel import LinearKernelConfig
+
+NATIVE = native_kernels()
+DTYPES = [torch.float32, torch.bfloat16]
+pytestmark = pytest.mark.skipif(
+    NATIVE is None or torch.bfloat16 not in NATIVE.packed_matmul_dtypes,
+    reason="the packed kernel is built only for AVX-512 CPUs with avx512_bf16")
+
+
+def layer_with(weight: torch.Tensor) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    layer.weight = torch.nn.Parameter(weight, requires_grad=False)
+    return layer
+
+
+def cpu_kernel(weight: torch.Tensor) -> tuple[CpuLinearKernel, torch.nn.Module]:
+    dtype = str(weight.dtype).removeprefix("torch.")
+    n, k = weight.shape
+    kernel = CpuLinearKernel(LinearKernelConfig(
+        scheme="unquantized", weight_dtype=dtype, act_dtype=dtype, input_size=k,
+        output_size=n, has_bias=True))
+    layer = layer_with(weight)
+    kernel.process_weights_after_loading(layer)
+    return kernel, layer
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("n", "k"), [(64, 768), (100, 98), (40, 2), (24, 33)])  # last panel cut
+def test_packed_matmul_against_float64(dtype: torch.dtype, n: int, k: int) -> None:
+    assert NATIVE is not None
+    if dtype == torch.bfloat16 and k % 2:
+        pytest.skip("bfloat16 is packed in pairs along K (an odd K is refused, tested below)")
+    gen = torch.Generator().manual_seed(n * k)
+    weight = torch.randn(n, k, generator=gen).to(dtype)
+    bias = torch.randn(n, generator=gen).to(dtype)
+    packed = NATIVE.pack_matmul_weight(weight)
+    assert packed.shape == (packed_matmul_size(n, k),) and packed_matmul_size(n, k) % 32 == 0
+    # Row blocks of 12 whole and cut; 300 rows cross a pass of 256.
+    for rows in (4, 12, 13, 25, 300):
+        x = torch.randn(rows, k + 6, generator=gen).to(dtype)[:, :k]  # rows k + 6 apart
+        whole = torch.full((rows, n + 24), 7.0, dtype=dtype)
+        out = whole[:, :n]
+        for b in (bias, None):
+            NATIVE.packed_matmul(x, packed, n, b, out)
+            want = x.double() @ weight.double().T + (0 if b is None else b.double())
+            # float32 sums in another order; bfloat16 rounds the result (2 ** -8 relative).
+            tol = 1e-5 if dtype == torch.float32 else 2 ** -8
+            assert ((out.double() - want).abs() <= tol * want.abs().max()).all(), rows
+        assert (whole[:, n:] == 7).all()  # nothing written past the row's end
+
+
+def test_packed_matmul_refuses_what_it_would_misread() -> None:
+    assert NATIVE is not None
+    weight = torch.randn(16, 32, dtype=torch.bfloat16)
+    packed = NATIVE.pack_matmul_weight(weight)
+    x, out = torch.randn(5, 32, dtype=torch.bfloat16), torch.empty(5, 16, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="K must be even"):
+        NATIVE.pack_matmul_weight(torch.randn(16, 33, dtype=torch.bfloat16))
+    with pytest.raises(ValueError, match="float16 not supported"):
+        NATIVE.pack_matmul_weight(weight.half())
+    with pytest.raises(ValueError, match="contiguous"):
+        NATIVE.pack_matmul_weight(weight.t())
+    with pytest.raises(ValueError, match=f"{packed_matmul_size(16, 32)} elements"):
+        NATIVE.packed_matmul(x, packed[:-32], 16, None, out)  # packed for fewer columns
+    with pytest.raises(ValueError, match="5 input rows, 4 output rows"):
+        NATIVE.packed_matmul(x, packed, 16, None, out[:4])
+    with pytest.raises(ValueError, match="contiguous rows"):
+        NATIVE.packed_matmul(torch.randn(32, 5, dtype=torch.bfloat16).t(), packed, 16, None, out)
+    assert (NATIVE.packed_matmul(x, packed, 16, None, out) is None
+            and torch.allclose(out.float(), (x @ weight.T).float(), rtol=2 ** -7, atol=1e-3))
+
+
+def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[str, int]] = []
+    for name in ("small_matmul", "packed_matmul"):
+        original = getattr(NativeKernels, name)
+
+        def counted(self, x, *args, _name=name, _original=original):
+            calls.append((_name, x.shape[0]))
+            _original(self, x, *args)
+
+        monkeypatch.setattr(NativeKernels, name, counted)
+    weight = torch.randn(80, 48, dtype=torch.bfloat16)
+    kernel, layer = cpu_kernel(weight)
+    assert kernel.packed is None and kernel.panels is not None  # no oneDNN copy
+    bias = torch.randn(80, dtype=torch.bfloat16)
+    for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64, 600):
+        x = torch.randn(rows, 48, dtype=torch.bfloat16)
+        torch.testing.assert_close(kernel.apply(layer, x, bias), F.linear(x, weight, bias))
+    assert calls == [("small_matmul", 1), ("small_matmul", SMALL_MATMUL_ROWS),
+                     ("packed_matmul", SMALL_MATMUL_ROWS + 1), ("packed_matmul", 64),
+                     ("packed_matmul", 600)]
+
+
+def test_cpu_kernel_uses_onednn_where_the_weight_cannot_be_packed() -> None:
+    weight = torch.randn(80, 47, dtype=torch.bfloat16)  # odd K: no bfloat16 pairs
+    kernel, layer = cpu_kernel(weight)
+    assert kernel.panels is None and kernel.packed is not None
+    x = torch.randn(64, 47, dtype=torch.bfloat16)
+    torch.testing.assert_close(kernel.apply(layer, x), F.linear(x, weight))
+
+
+def test_cpu_kernel_with_autograd_falls_back_to_f_linear() -> None:
+    weight = torch.randn(80, 48)
+    kernel, layer = cpu_kernel(weight)
+    x = torch.randn(8, 48, requires_grad=True)
+    out = kernel.apply(layer, x)
+    out.sum().backward()  # F.linear's graph, not the C++ kernels'
+    assert x.grad is not None
+    torch.testing.assert_close(x.grad, weight.sum(0).expand(8, 48))
