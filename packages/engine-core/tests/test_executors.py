@@ -299,3 +299,23 @@ def test_a_local_ray_start_that_times_out_is_retried_once(monkeypatch: pytest.Mo
     executor.ray = FakeRay(failures=2)
     with pytest.raises(Exception, match="timed out during startup"):
         executor._init_ray()
+
+
+def test_a_failed_ray_start_leaves_no_process_of_its_own_running() -> None:
+    """What a failed start spawned (Ray's GCS, raylet) is killed and reaped; nothing else."""
+    import subprocess
+    import sys
+
+    from engine.core.executor.ray_executor import _forget_killed_processes
+
+    sleep = [sys.executable, "-c", "import time; time.sleep(60)"]
+    rays = subprocess.Popen([*sleep, "/x/ray/core/src/ray/raylet/raylet"])
+    other = subprocess.Popen(sleep)
+    try:
+        _forget_killed_processes()
+        assert rays.returncode is not None  # killed and waited for: no ResourceWarning later
+        assert other.poll() is None  # not one of Ray's: untouched
+    finally:
+        for process in (rays, other):
+            process.kill()
+            process.wait()

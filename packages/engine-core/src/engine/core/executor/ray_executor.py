@@ -15,9 +15,11 @@ node. A monitor thread pings every actor; an actor that dies is reported at once
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import logging
 import os
+import subprocess
 import threading
 import warnings
 from collections.abc import Sequence
@@ -107,11 +109,21 @@ RAY_START_TIMEOUTS = ("timed out during startup", "Timed out waiting for file")
 
 
 def _forget_killed_processes() -> None:
-    """Collect the ``Popen`` objects of the processes a failed ``ray.init`` started.
+    """Stop and collect the processes a failed ``ray.init`` started.
 
-    ``ray.shutdown`` kills them without waiting, so each object would warn "subprocess N is
-    still running" whenever the garbage collector happened to reach it.
+    The failed start's node never became Ray's global node, so ``ray.shutdown`` may leave
+    its GCS and raylet running, and each ``Popen`` object would warn "subprocess N is still
+    running" whenever the garbage collector happened to reach it (wherever a reference
+    kept it: collecting alone did not always get there first). Each such process still
+    running is killed and waited for, which also sets its return code.
     """
+    for obj in gc.get_objects():  # type(), not isinstance: no object's __class__ runs
+        if (issubclass(type(obj), subprocess.Popen) and obj.returncode is None
+                and "ray" in str(obj.args)):
+            with contextlib.suppress(OSError):
+                obj.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                obj.wait(timeout=5)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ResourceWarning)
         gc.collect()

@@ -41,6 +41,19 @@ inline int with_dtype(int dtype, F&& f) {
   return 0;
 }
 
+// Bit i set: dtype code i has a matmul kernel (small_matmul.cpp, packed_matmul.cpp) in this
+// build: float32 with AVX-512, bfloat16 also with avx512_bf16; 0 on other CPUs.
+inline int avx512_matmul_dtypes() {
+  int codes = 0;
+#if defined(__AVX512F__)
+  codes |= 1 << kFloat32;
+#if defined(__AVX512BF16__)
+  codes |= 1 << kBFloat16;
+#endif
+#endif
+  return codes;
+}
+
 // float16 bits to float32, exactly (subnormals included).
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

@@ -190,18 +190,8 @@ int with_packed_dtype(int dtype, F&& f) {
 
 extern "C" {
 
-// Bit i set: dtype code i has a kernel in this build (float32 with AVX-512, bfloat16 also
-// needs avx512_bf16); 0 on other CPUs.
-int engine_packed_matmul_dtypes() {
-  int codes = 0;
-#if defined(__AVX512F__)
-  codes |= 1 << kFloat32;
-#if defined(__AVX512BF16__)
-  codes |= 1 << kBFloat16;
-#endif
-#endif
-  return codes;
-}
+// Bit i set: dtype code i has a kernel in this build (see avx512_matmul_dtypes).
+int engine_packed_matmul_dtypes() { return avx512_matmul_dtypes(); }
 
 // packed [ceil(N / 32) * 32 * K] = W [N, K] (contiguous) in the layout above. Returns 0; 1
 // for a dtype this build has no kernel for; 2 for K not a multiple of the dtype's group.

@@ -192,18 +192,8 @@ int by_rows(int64_t M, const T* x, int64_t x_row, const void* w, int64_t N, int6
 
 extern "C" {
 
-// Bit i set: dtype code i has a kernel in this build (float32 with AVX-512, bfloat16 also
-// needs avx512_bf16); 0 on other CPUs.
-int engine_small_matmul_dtypes() {
-  int codes = 0;
-#if defined(__AVX512F__)
-  codes |= 1 << kFloat32;
-#if defined(__AVX512BF16__)
-  codes |= 1 << kBFloat16;
-#endif
-#endif
-  return codes;
-}
+// Bit i set: dtype code i has a kernel in this build (see avx512_matmul_dtypes).
+int engine_small_matmul_dtypes() { return avx512_matmul_dtypes(); }
 
 // out [M, N] (rows out_row apart) = x [M, K] (rows x_row apart) W^T + bias (null: none).
 // format: -1 for W [N, K] contiguous of x's dtype, 8 for GGUF Q8_0 rows (K a multiple of

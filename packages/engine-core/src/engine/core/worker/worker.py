@@ -30,6 +30,7 @@ from engine.core.startup import EngineSetup
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
 from engine.core.worker.kv_connector import WorkerKVConnector
+from engine.core.worker.kv_prefault import KVPrefault
 from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
 from engine.core.worker.onednn_caches import bound_onednn_caches
@@ -99,6 +100,7 @@ class Worker:
         self.logits_processors: list[LogitsProcessor] = []
         self.kv_connector: WorkerKVConnector | None = None
         self.model_runner: ModelRunner | None = None
+        self.kv_prefault: KVPrefault | None = None
 
     @property
     def model(self) -> nn.Module:
@@ -135,6 +137,8 @@ class Worker:
         self.kv_caches = allocate_kv_cache(layers, self.built.backend, num_blocks,
                                            setup.block_size, setup.dtype, self.device)
         self.num_blocks = num_blocks
+        if self.device.type == "cpu":  # the first blocks' pages, before traffic needs them
+            self.kv_prefault = KVPrefault(self.kv_caches, num_blocks)
         logger.info("rank %d KV cache: %d blocks of %d tokens (%.2f GiB)", self.rank,
                     num_blocks, setup.block_size, num_blocks * self._block_bytes / (1 << 30))
         faults = None
@@ -202,8 +206,11 @@ class Worker:
         return self.model_runner.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
-        """Stop the KV connector's worker side and leave the ranks' group; idempotent."""
+        """Stop the KV connector's worker side and the KV pre-fault; leave the group; idempotent."""
         connector, self.kv_connector = self.kv_connector, None
+        prefault, self.kv_prefault = self.kv_prefault, None
+        if prefault is not None:
+            prefault.stop()
         try:
             if connector is not None:
                 connector.shutdown()
