@@ -16,8 +16,8 @@
   streams each weight once at the memory's speed: a batch-1 step's 49 products 1.4-1.9x
   faster than oneDNN's, whose loop for these shapes is bound by compute (~19 GB/s
   against ~30). More rows multiply a copy of the weight packed once into column panels
-  (``native/packed_matmul.cpp``), kept instead of oneDNN's: 1.10-1.13x oneDNN at 64 rows
-  (~430 GFLOP/s), 1.2-1.6x at 4-32, even at 512-2048. A bfloat16 weight with an odd
+  (``native/packed_matmul.cpp``), kept instead of oneDNN's: 1.08-1.13x oneDNN at 64 rows
+  (~400-430 GFLOP/s), ~1.3x at 4-16, 0.97-1.05x at 512-2048. A bfloat16 weight with an odd
   input size (no whole pairs) goes to oneDNN; where the C++ is not built (no compiler,
   another CPU), ``onednn`` is chosen instead.
 

@@ -15,8 +15,8 @@
 // sharing a panel. Sums are float32 in K order, bias added before the one rounding.
 //
 // Measured on a 2-core Zen 4 (avx512_bf16), the benchmark model's shapes, weights from
-// memory, bfloat16: 1.10-1.13x oneDNN's prepacked matmul at 64 rows (~430 GFLOP/s of a
-// ~450 peak), 1.2-1.6x at 4-32 rows, 1.01x at 512 and 2048 (benchmarks/linear_kernels.py).
+// memory, bfloat16: 1.08-1.13x oneDNN's prepacked matmul at 64 rows (~400-430 GFLOP/s of
+// a ~450 peak), ~1.3x at 4-16 rows, 0.97-1.05x at 512-2048 (benchmarks/linear_kernels.py).
 #include <omp.h>
 
 #include <cstdint>
