@@ -3,18 +3,18 @@
 from __future__ import annotations
 
 import ctypes
+import math
+import mmap
 import sys
 
 import pytest
 import torch
 
-from engine.core.worker.kv_cache import zeroed
 from engine.core.worker.kv_prefault import PAGE, KVPrefault, block_ranges
 
 pytestmark = pytest.mark.skipif(sys.platform != "linux", reason="madvise/mincore are Linux's")
-# 8 KiB of bfloat16 per block and half (keys, values); 64 MiB, above glibc's largest mmap
-# threshold (32 MiB), so that the memory is fresh pages from the OS, never reused heap.
-BLOCKS, BLOCK_SHAPE = 4096, (4, 16, 64)
+BLOCKS, BLOCK_SHAPE = 2048, (4, 16, 64)  # 8 KiB of bfloat16 per block and half (keys, values)
+_MAPPINGS: list[mmap.mmap] = []  # the test caches' memory, kept mapped for the session
 
 
 def resident(address: int, length: int) -> list[bool]:
@@ -29,7 +29,12 @@ def resident(address: int, length: int) -> list[bool]:
 
 
 def fresh_cache() -> torch.Tensor:
-    return zeroed((2, BLOCKS, *BLOCK_SHAPE), torch.bfloat16, torch.device("cpu"))
+    """A cache on pages nothing has touched: its own anonymous mapping (the allocator
+    behind ``kv_cache.zeroed`` may hand out heap memory that is already resident)."""
+    shape = (2, BLOCKS, *BLOCK_SHAPE)
+    mapping = mmap.mmap(-1, math.prod(shape) * 2)
+    _MAPPINGS.append(mapping)
+    return torch.frombuffer(mapping, dtype=torch.bfloat16).view(shape)
 
 
 def test_block_ranges_are_the_key_and_value_runs() -> None:
@@ -50,7 +55,7 @@ def test_the_first_blocks_of_every_layer_are_resident_the_rest_not() -> None:
     for cache in caches.values():
         for base, size in block_ranges(cache, BLOCKS):
             assert all(resident(base, 8 * size))
-            # Never written and a huge page's size away (THP): not faulted in.
+            # Never written and more than a huge page away (THP): not faulted in.
             assert not any(resident(base + BLOCKS // 2 * size, BLOCKS // 2 * size))
     assert all(cache.count_nonzero() == 0 for cache in caches.values())  # still zeros
 

@@ -10,7 +10,8 @@
 //   block_table [requests, max_blocks] int32; query row t belongs to request tok_req[t] and
 //   sits at position tok_pos[t]: it sees keys 0..tok_pos[t] (the last sliding_window of
 //   them when sliding_window > 0) and fills output row t.
-// Scores, softmax and the weighted sum are float32 whatever the cache's dtype.
+// Scores, softmax and the weighted sum are float32 whatever the cache's dtype (bfloat16
+// scores on avx512_bf16: exact pair products of the bfloat16 query and keys, float32 sums).
 
 #include <algorithm>
 #include <cmath>
@@ -145,6 +146,41 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 
+// A head's query and a key row in registers for the scores, and their lane-wise partial
+// dot product (sum the 16 lanes for the dot). In float32 the query is pre-scaled; for
+// bfloat16 on avx512_bf16 both stay bfloat16 pairs, multiplied exactly by vdpbf16ps with
+// float32 sums (half the instructions of converting the keys), and the sum is scaled.
+template <typename T, int C>
+struct ScoreLanes {
+  using Reg = __m512;
+  static constexpr int kRegs = C;
+  static constexpr bool kScaleAfter = false;
+  static Reg query(const T* q, int c, __m512 scale) {
+    return _mm512_mul_ps(load16(q + 16 * c), scale);
+  }
+  static Reg key(const T* k, int c) { return load16(k + 16 * c); }
+  static __m512 dot(const Reg* q, const Reg* k) { return dot16<C>(q, k); }
+};
+
+#if defined(__AVX512BF16__)
+template <int C>
+struct ScoreLanes<uint16_t, C> {
+  static_assert(C % 2 == 0, "a bfloat16 register holds two float32 registers' elements");
+  using Reg = __m512bh;
+  static constexpr int kRegs = C / 2;
+  static constexpr bool kScaleAfter = true;
+  static Reg query(const uint16_t* q, int c, __m512) { return key(q, c); }
+  static Reg key(const uint16_t* k, int c) {
+    return reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + 32 * c));
+  }
+  static __m512 dot(const Reg* q, const Reg* k) {
+    __m512 a = _mm512_dpbf16_ps(_mm512_setzero_ps(), q[0], k[0]);
+    for (int c = 1; c < kRegs; ++c) a = _mm512_dpbf16_ps(a, q[c], k[c]);
+    return a;
+  }
+};
+#endif
+
 // Ask for a block's rows of this head before they are needed: a head's rows of one block
 // are contiguous (block_size * head_size elements) but blocks are scattered, so the
 // hardware prefetcher, which follows one stream within a page, starts each block cold.
@@ -174,11 +210,13 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   const int n = pos + 1 - first;
   scratch.resize(static_cast<size_t>(G) * n);
   float* scores = scratch.data();  // [G, n]
-  __m512 qv[G][C];
+  using L = ScoreLanes<T, C>;
+  typename L::Reg qv[G][L::kRegs];
   const __m512 scale = _mm512_set1_ps(s.scale);
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c)
-      qv[g][c] = _mm512_mul_ps(load16(q + (kvh * G + g) * s.q_head + 16 * c), scale);
+    for (int c = 0; c < L::kRegs; ++c)
+      qv[g][c] = L::query(q + (kvh * G + g) * s.q_head, c, scale);
+  const __m128 after = _mm_set1_ps(L::kScaleAfter ? s.scale : 1.f);
   const int last_block = pos / s.block_size;
   const int first_block = first / s.block_size;
   const int ahead = alone ? kBlocksAhead : 1;
@@ -202,20 +240,21 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
       __m512 part[G][4];
       for (int u = 0; u < 4; ++u) {
         const T* k = rows + ((j + u) % s.block_size) * s.c_tok;
-        __m512 kv[C];
-        for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
-        for (int g = 0; g < G; ++g) part[g][u] = dot16<C>(qv[g], kv);
+        typename L::Reg kv[L::kRegs];
+        for (int c = 0; c < L::kRegs; ++c) kv[c] = L::key(k, c);
+        for (int g = 0; g < G; ++g) part[g][u] = L::dot(qv[g], kv);
       }
       for (int g = 0; g < G; ++g)
         _mm_storeu_ps(scores + g * n + (j - first),
-                      reduce4(part[g][0], part[g][1], part[g][2], part[g][3]));
+                      _mm_mul_ps(reduce4(part[g][0], part[g][1], part[g][2], part[g][3]), after));
     }
     for (; j < end; ++j) {
       const T* k = rows + (j % s.block_size) * s.c_tok;
-      __m512 kv[C];
-      for (int c = 0; c < C; ++c) kv[c] = load16(k + 16 * c);
+      typename L::Reg kv[L::kRegs];
+      for (int c = 0; c < L::kRegs; ++c) kv[c] = L::key(k, c);
       for (int g = 0; g < G; ++g)
-        scores[g * n + (j - first)] = _mm512_reduce_add_ps(dot16<C>(qv[g], kv));
+        scores[g * n + (j - first)] =
+            _mm512_reduce_add_ps(L::dot(qv[g], kv)) * _mm_cvtss_f32(after);
     }
   }
   prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);
