@@ -186,15 +186,11 @@ class NativeKernels:
         self._packed_matmul = lib.engine_packed_matmul
         self._packed_matmul.restype = _I32
         self._packed_matmul.argtypes = self._small_matmul.argtypes
-        packed = lib.engine_packed_matmul_dtypes()
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
-        self.packed_matmul_dtypes = frozenset(
-            dtype for dtype, code in DTYPE_CODES.items() if packed >> code & 1)
-        codes = lib.engine_small_matmul_dtypes()
+        self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
         #: bfloat16 also avx512_bf16); empty elsewhere.
-        self.small_matmul_dtypes = frozenset(
-            dtype for dtype, code in DTYPE_CODES.items() if codes >> code & 1)
+        self.small_matmul_dtypes = _dtypes_in(lib.engine_small_matmul_dtypes())
 
     def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> None:
@@ -268,7 +264,7 @@ class NativeKernels:
         weight is read once, so decode steps of small batches run at the memory's speed.
         """
         n, k = weight.shape
-        self._check_small_dtype("small_matmul", x.dtype)
+        _check_supported("small_matmul", x.dtype, self.small_matmul_dtypes)
         _check_rows("small_matmul", x.dtype, k, weight)
         if not weight.is_contiguous():
             raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight, got "
@@ -287,7 +283,7 @@ class NativeKernels:
         """
         rows, n = out.shape
         k = x.shape[1] if x.dim() == 2 else -1
-        self._check_small_dtype("small_matmul_q8_0", x.dtype)
+        _check_supported("small_matmul_q8_0", x.dtype, self.small_matmul_dtypes)
         if not 1 <= rows <= SMALL_MATMUL_ROWS or k % 32 or tuple(blocks.shape) != (
                 n, k // 32 * 34):
             raise ValueError(f"small_matmul_q8_0: expected 1..{SMALL_MATMUL_ROWS} rows of K "
@@ -328,17 +324,10 @@ class NativeKernels:
                                bias, out, max_rows=None)
 
     def _check_packed_dtype(self, kernel: str, dtype: torch.dtype, k: int) -> None:
-        if dtype not in self.packed_matmul_dtypes:
-            raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
-                             f"supported: {sorted(map(str, self.packed_matmul_dtypes))}")
+        _check_supported(kernel, dtype, self.packed_matmul_dtypes)
         if k < 0 or (dtype == torch.bfloat16 and k % 2):
             raise ValueError(f"{kernel}: K = {k}; bfloat16 weights are packed in pairs "
                              f"along K, so K must be even")
-
-    def _check_small_dtype(self, kernel: str, dtype: torch.dtype) -> None:
-        if dtype not in self.small_matmul_dtypes:
-            raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
-                             f"supported: {sorted(map(str, self.small_matmul_dtypes))}")
 
     def _run_small_matmul(self, kernel: str, entry: Callable[..., int], x: torch.Tensor,
                           weight: int, k: int, bias: torch.Tensor | None, out: torch.Tensor,
@@ -449,6 +438,17 @@ class NativeKernels:
 def packed_matmul_size(n: int, k: int) -> int:
     """Elements of an ``[n, k]`` weight packed by ``NativeKernels.pack_matmul_weight``."""
     return -(-n // PACKED_MATMUL_PANEL) * PACKED_MATMUL_PANEL * k
+
+
+def _dtypes_in(codes: int) -> frozenset[torch.dtype]:
+    """The dtypes whose ``DTYPE_CODES`` bit is set in ``codes`` (a kernel's report)."""
+    return frozenset(dtype for dtype, code in DTYPE_CODES.items() if codes >> code & 1)
+
+
+def _check_supported(kernel: str, dtype: torch.dtype, supported: frozenset[torch.dtype]) -> None:
+    if dtype not in supported:
+        raise ValueError(f"{kernel}: dtype {dtype} not supported on this CPU; "
+                         f"supported: {sorted(map(str, supported))}")
 
 
 def _dtype_code(kernel: str, tensor: torch.Tensor) -> int:

@@ -54,6 +54,19 @@ inline int avx512_matmul_dtypes() {
   return codes;
 }
 
+// Calls f(T{}) for a dtype avx512_matmul_dtypes() reports (float for float32, uint16_t for
+// bfloat16); returns 1 for any other, without instantiating f for it.
+template <typename F>
+inline int with_matmul_dtype(int dtype, F&& f) {
+  if (!(avx512_matmul_dtypes() >> dtype & 1)) return 1;
+#if defined(__AVX512BF16__)
+  return with_dtype(dtype, f);
+#else
+  f(float{});
+  return 0;
+#endif
+}
+
 // float16 bits to float32, exactly (subnormals included).
 inline float half_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;

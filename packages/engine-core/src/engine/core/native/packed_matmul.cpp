@@ -172,18 +172,6 @@ void pack(const T* w, int64_t N, int64_t K, T* packed, int num_threads) {
   }
 }
 
-// Calls f(T{}) for a dtype this build has a kernel for; returns 1 for any other.
-template <typename F>
-int with_packed_dtype(int dtype, F&& f) {
-#if defined(__AVX512BF16__)
-  return with_dtype(dtype, f);
-#else
-  if (dtype != kFloat32) return 1;
-  f(float{});
-  return 0;
-#endif
-}
-
 #endif  // __AVX512F__
 
 }  // namespace
@@ -199,7 +187,7 @@ int engine_pack_matmul_weight(int dtype, const void* w, int64_t N, int64_t K, vo
                               int num_threads) {
 #if defined(__AVX512F__)
   if (dtype == kBFloat16 && K % 2) return 2;
-  return with_packed_dtype(dtype, [&](auto tag) {
+  return with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     pack(static_cast<const T*>(w), N, K, static_cast<T*>(packed), num_threads);
   });
@@ -217,7 +205,7 @@ int engine_packed_matmul(int dtype, const void* x, int64_t x_row, int64_t M,
                          int64_t out_row, int num_threads) {
 #if defined(__AVX512F__)
   if (dtype == kBFloat16 && K % 2) return 2;
-  return with_packed_dtype(dtype, [&](auto tag) {
+  return with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     packed_matmul(static_cast<const T*>(x), x_row, M, static_cast<const T*>(packed), N, K,
                   static_cast<const T*>(bias), static_cast<T*>(out), out_row, num_threads);

@@ -216,7 +216,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < L::kRegs; ++c)
       qv[g][c] = L::query(q + (kvh * G + g) * s.q_head, c, scale);
-  const __m128 after = _mm_set1_ps(L::kScaleAfter ? s.scale : 1.f);
+  const __m128 scale4 = _mm_set1_ps(s.scale);  // the scores' scale, for kScaleAfter
   const int last_block = pos / s.block_size;
   const int first_block = first / s.block_size;
   const int ahead = alone ? kBlocksAhead : 1;
@@ -244,17 +244,20 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
         for (int c = 0; c < L::kRegs; ++c) kv[c] = L::key(k, c);
         for (int g = 0; g < G; ++g) part[g][u] = L::dot(qv[g], kv);
       }
-      for (int g = 0; g < G; ++g)
-        _mm_storeu_ps(scores + g * n + (j - first),
-                      _mm_mul_ps(reduce4(part[g][0], part[g][1], part[g][2], part[g][3]), after));
+      for (int g = 0; g < G; ++g) {
+        __m128 four = reduce4(part[g][0], part[g][1], part[g][2], part[g][3]);
+        if constexpr (L::kScaleAfter) four = _mm_mul_ps(four, scale4);
+        _mm_storeu_ps(scores + g * n + (j - first), four);
+      }
     }
     for (; j < end; ++j) {
       const T* k = rows + (j % s.block_size) * s.c_tok;
       typename L::Reg kv[L::kRegs];
       for (int c = 0; c < L::kRegs; ++c) kv[c] = L::key(k, c);
-      for (int g = 0; g < G; ++g)
-        scores[g * n + (j - first)] =
-            _mm512_reduce_add_ps(L::dot(qv[g], kv)) * _mm_cvtss_f32(after);
+      for (int g = 0; g < G; ++g) {
+        const float dot = _mm512_reduce_add_ps(L::dot(qv[g], kv));
+        scores[g * n + (j - first)] = L::kScaleAfter ? dot * s.scale : dot;
+      }
     }
   }
   prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);

@@ -203,26 +203,19 @@ int engine_small_matmul_dtypes() { return avx512_matmul_dtypes(); }
 static int run_small_matmul(int format, int dtype, const void* x, int64_t x_row, int64_t M,
                             const void* w, int64_t N, int64_t K, const void* bias, void* out,
                             int64_t out_row, int num_threads) {
-  if (!(engine_small_matmul_dtypes() >> dtype & 1)) return 1;
+  if (!(avx512_matmul_dtypes() >> dtype & 1)) return 1;
   if (M < 1 || M > kMaxRows) return 2;
   if (format != kDenseFormat && format != kQ8_0Format) return 3;
   int status = 0;
 #if defined(__AVX512F__)
-  const int code = with_dtype(dtype, [&](auto tag) {
+  const int code = with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-#if !defined(__AVX512BF16__)
-    if constexpr (sizeof(T) == 2) {
-      status = 1;
-    } else
-#endif
-    {
-      const auto* xs = static_cast<const T*>(x);
-      const auto* bs = static_cast<const T*>(bias);
-      auto* os = static_cast<T*>(out);
-      status = format == kDenseFormat
-          ? by_rows<kDense, T>(M, xs, x_row, w, N, K, bs, os, out_row, num_threads)
-          : by_rows<kQ8_0, T>(M, xs, x_row, w, N, K, bs, os, out_row, num_threads);
-    }
+    const auto* xs = static_cast<const T*>(x);
+    const auto* bs = static_cast<const T*>(bias);
+    auto* os = static_cast<T*>(out);
+    status = format == kDenseFormat
+        ? by_rows<kDense, T>(M, xs, x_row, w, N, K, bs, os, out_row, num_threads)
+        : by_rows<kQ8_0, T>(M, xs, x_row, w, N, K, bs, os, out_row, num_threads);
   });
   if (code != 0) return code;
 #else
