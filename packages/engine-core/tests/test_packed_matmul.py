@@ -104,11 +104,14 @@ def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows(
                      ("packed_matmul", 600)]
 
 
-def test_cpu_kernel_uses_onednn_where_the_weight_cannot_be_packed() -> None:
-    weight = torch.randn(80, 47, dtype=torch.bfloat16)  # odd K: no bfloat16 pairs
+@pytest.mark.parametrize("weight", [
+    torch.randn(80, 47, dtype=torch.bfloat16),  # odd K: no bfloat16 pairs
+    torch.randn(48, 80, dtype=torch.bfloat16).t(),  # not contiguous: not read flat
+], ids=["odd-k", "strided"])
+def test_cpu_kernel_uses_onednn_where_the_weight_cannot_be_packed(weight: torch.Tensor) -> None:
     kernel, layer = cpu_kernel(weight)
     assert kernel.panels is None and kernel.packed is not None
-    x = torch.randn(64, 47, dtype=torch.bfloat16)
+    x = torch.randn(64, weight.shape[1], dtype=torch.bfloat16)
     torch.testing.assert_close(kernel.apply(layer, x), F.linear(x, weight))
 
 

@@ -173,8 +173,12 @@ class CpuLinearKernel(OneDNNLinearKernel):
 
 
 def _packable(dtypes: frozenset[torch.dtype], weight: torch.Tensor) -> bool:
-    """Whether ``packed_matmul`` takes this weight (its dtype built, bfloat16 pairs whole)."""
-    return weight.dtype in dtypes and weight.is_cpu and not (
+    """Whether ``packed_matmul`` takes this weight (oneDNN takes any other).
+
+    Its dtype built here, a contiguous CPU tensor (``pack_matmul_weight`` reads it flat),
+    and for bfloat16 whole pairs along K.
+    """
+    return weight.dtype in dtypes and weight.is_cpu and weight.is_contiguous() and not (
         weight.dtype == torch.bfloat16 and weight.shape[1] % 2)
 
 
