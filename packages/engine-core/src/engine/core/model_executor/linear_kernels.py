@@ -1,7 +1,8 @@
 """Built-in linear kernels for unquantized weights (entries of ``engine.linear_kernels``).
 
 * ``torch`` (priority 0): ``torch.nn.functional.linear``; runs everywhere.
-* ``onednn`` (priority 100, CPU, float32 and bfloat16): the CPU's oneDNN with the weight
+* ``onednn`` (priority 100, CPU, float32, and bfloat16 where oneDNN has a bfloat16 matmul
+  for the CPU: avx512bw/vl/dq or avx_ne_convert): the CPU's oneDNN with the weight
   reordered once into its blocked layout for the CPU (``mkldnn._reorder_linear_weight``,
   what torch's inductor does), applied with ``mkldnn._linear_pointwise``. On the
   benchmark model's shapes with the weights streamed from memory (12 layers, 2 threads,
@@ -10,16 +11,18 @@
   (``benchmarks/linear_kernels.py``). The layer keeps its dense weight too (inspectable,
   and what other kernels would read), at the cost of a second copy.
 
-* ``cpu`` (priority 100, CPU, float32 with AVX-512 and bfloat16 with avx512_bf16; wins
-  the tie with ``onednn`` by name): the engine's own C++. Products of 1 to 3 rows (decode
-  steps of small batches) run on the dense weight (``native/small_matmul.cpp``), which
+* ``cpu`` (priority 100, CPU, float32 with AVX-512 or AVX2 and FMA, bfloat16 with
+  avx512_bf16; wins the tie with ``onednn`` by name): the engine's own C++. Products of 1
+  to 3 rows (decode steps of small batches) run on the dense weight
+  (``native/small_matmul.cpp``), which
   streams each weight once at the memory's speed: a batch-1 step's 49 products 1.4-1.9x
   faster than oneDNN's, whose loop for these shapes is bound by compute (~19 GB/s
   against ~30). More rows multiply a copy of the weight packed once into column panels
   (``native/packed_matmul.cpp``), kept instead of oneDNN's: 1.08-1.13x oneDNN at 64 rows
   (~400-430 GFLOP/s), ~1.3x at 4-16, 0.97-1.05x at 512-2048. A bfloat16 weight with an odd
-  input size (no whole pairs) goes to oneDNN; where the C++ is not built (no compiler,
-  another CPU), ``onednn`` is chosen instead.
+  input size (no whole pairs) goes to oneDNN, and so do 4+ rows on AVX2 CPUs (the packed
+  product is built for AVX-512 only); where the C++ is not built (no compiler, another
+  CPU), ``onednn`` is chosen instead.
 
 All go through the same selection as third-party kernels: ``--linear-kernel NAME`` forces
 one, ``--disabled-kernels`` removes some.
@@ -27,6 +30,7 @@ one, ``--disabled-kernels`` removes some.
 
 from __future__ import annotations
 
+import functools
 from typing import ClassVar
 
 import torch
@@ -91,6 +95,10 @@ class OneDNNLinearKernel(LinearKernel):
 
     @classmethod
     def can_implement(cls, config: LinearKernelConfig) -> Support:
+        if config.weight_dtype == "bfloat16" and not onednn_has_bfloat16():
+            return Support.no("oneDNN has no bfloat16 matmul for this CPU (it needs avx512bw, "
+                              "avx512vl and avx512dq, or avx_ne_convert); supported here: "
+                              "float32")
         return _unquantized(config, ("float32", "bfloat16"))
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -129,15 +137,17 @@ class CpuLinearKernel(OneDNNLinearKernel):
 
     @classmethod
     def can_implement(cls, config: LinearKernelConfig) -> Support:
-        answer = super().can_implement(config)
+        # Not oneDNN's answer: its fallbacks here (an odd K in bfloat16) exist wherever the
+        # C++ has a bfloat16 kernel (avx512_bf16 implies oneDNN's bfloat16 instructions).
+        answer = _unquantized(config, ("float32", "bfloat16"))
         kernels = native_kernels()
         if answer.ok and kernels is not None and getattr(
                 torch, config.weight_dtype) not in kernels.small_matmul_dtypes:
             supported = ", ".join(sorted(str(d).removeprefix("torch.")
                                          for d in kernels.small_matmul_dtypes)) or "none"
             return Support.no(f"no small-batch kernel for {config.weight_dtype} on this CPU "
-                              f"(float32 needs AVX-512, bfloat16 avx512_bf16); supported "
-                              f"here: {supported}")
+                              f"(float32 needs AVX-512 or AVX2 and FMA, bfloat16 avx512_bf16); "
+                              f"supported here: {supported}")
         return answer
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
@@ -170,6 +180,12 @@ class CpuLinearKernel(OneDNNLinearKernel):
         else:
             kernels.packed_matmul(flat, self.panels, n, bias, out)  # type: ignore[arg-type]
         return out.view(*x.shape[:-1], n)
+
+
+@functools.cache
+def onednn_has_bfloat16() -> bool:
+    """Whether oneDNN multiplies bfloat16 on this CPU (torch asks oneDNN's CPU checks)."""
+    return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def _packable(dtypes: frozenset[torch.dtype], weight: torch.Tensor) -> bool:

@@ -7,7 +7,8 @@
 //     Q8_0  w = q * d        Q4_0  w = (q - 8) * d        Q4_1  w = q * d + m
 // * engine_int4pack_dequant_t: torch's CPU int4 layout (_convert_weight_to_int4pack_for_cpu
 //   with inner k tiles of 1; what gguf_int4 keeps) into the transposed weight, [K, rows]:
-//   byte [b][k][i] holds rows 64b + i (low nibble) and 64b + 32 + i (high), with a
+//   in tiles of B rows (torch picks B = 64 on AVX-512 CPUs, 32 on AVX2 ones), byte
+//   [b][k][i] holds rows B b + i (low nibble) and B b + B / 2 + i (high), with a
 //   (scale, zero) pair per row and group of 32 columns, scales_zeros [K / 32][N][2] in the
 //   output dtype:  w = (q - 8) * scale + zero.
 //
@@ -126,28 +127,31 @@ void dequant_q4(const uint8_t* blocks, int64_t n, T* out, int threads) {
   }
 }
 
-// Rows [64 * first_tile, 64 * (first_tile + tiles)) of the int4-packed weight, transposed
-// into out [cols][64 * tiles]; threads split the columns by groups of 32.
+// Rows [first_row, first_row + rows) (multiples of the tile's `block` rows, 32 or 64) of
+// the int4-packed weight, transposed into out [cols][rows]; threads split the columns by
+// groups of 32.
 template <typename T>
-void int4pack_dequant_t(const uint8_t* packed, int64_t cols, int64_t first_tile, int64_t tiles,
-                        const T* scales_zeros, int64_t total_rows, T* out, int threads) {
+void int4pack_dequant_t(const uint8_t* packed, int64_t cols, int block, int64_t first_row,
+                        int64_t rows, const T* scales_zeros, int64_t total_rows, T* out,
+                        int threads) {
   const int64_t groups = cols / 32;
-  const int64_t width = 64 * tiles;
+  const int half_block = block / 2;
 #pragma omp parallel for schedule(static) num_threads(threads) \
-    if (cols * width >= kParallelWeights)
+    if (cols * rows >= kParallelWeights)
   for (int64_t g = 0; g < groups; ++g) {
     float scale[64];
     float zero[64];
-    for (int64_t t = 0; t < tiles; ++t) {
-      const int64_t tile = first_tile + t;
-      const T* sz = scales_zeros + (g * total_rows + 64 * tile) * 2;
-      for (int i = 0; i < 64; ++i) {
+    for (int64_t t = 0; t < rows / block; ++t) {
+      const int64_t tile = first_row / block + t;
+      const T* sz = scales_zeros + (g * total_rows + block * tile) * 2;
+      for (int i = 0; i < block; ++i) {
         scale[i] = load(sz, 2 * i);
         zero[i] = load(sz, 2 * i + 1);
       }
 #if defined(__AVX512F__)
+      const int vectors = block / 16;  // of 16 rows; half of them from low nibbles
       __m512 sv[4], zv[4];
-      for (int v = 0; v < 4; ++v) {
+      for (int v = 0; v < vectors; ++v) {
         sv[v] = _mm512_loadu_ps(scale + 16 * v);
         zv[v] = _mm512_loadu_ps(zero + 16 * v);
       }
@@ -155,24 +159,25 @@ void int4pack_dequant_t(const uint8_t* packed, int64_t cols, int64_t first_tile,
       const __m512 eight = _mm512_set1_ps(8.f);
 #endif
       for (int64_t k = 32 * g; k < 32 * g + 32; ++k) {
-        const uint8_t* q = packed + (tile * cols + k) * 32;
-        T* o = out + k * width + 64 * t;
+        const uint8_t* q = packed + (tile * cols + k) * half_block;
+        T* o = out + k * rows + block * t;
 #if defined(__AVX512F__)
-        __m512 v[4];  // rows 0..15, 16..31 (low nibbles), 32..47, 48..63 (high)
-        for (int half = 0; half < 2; ++half) {
-          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * half));
+        // v[j]: rows 16j..16j+15; bytes 16h.. hold rows 16h.. (low) and half_block + 16h..
+        __m512 v[4];
+        for (int h = 0; h < vectors / 2; ++h) {
+          const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q + 16 * h));
           const __m512 lo = bytes_to_float(_mm_and_si128(bytes, low));
           const __m512 hi = bytes_to_float(_mm_and_si128(_mm_srli_epi16(bytes, 4), low));
-          v[half] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(lo, eight), sv[half]), zv[half]);
-          v[2 + half] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(hi, eight), sv[2 + half]),
-                                      zv[2 + half]);
+          const int j = vectors / 2 + h;
+          v[h] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(lo, eight), sv[h]), zv[h]);
+          v[j] = _mm512_add_ps(_mm512_mul_ps(_mm512_sub_ps(hi, eight), sv[j]), zv[j]);
         }
-        store32(o, v[0], v[1]);
-        store32(o + 32, v[2], v[3]);
+        for (int j = 0; j < vectors; j += 2) store32(o + 16 * j, v[j], v[j + 1]);
 #else
-        for (int i = 0; i < 32; ++i) {
+        for (int i = 0; i < half_block; ++i) {
+          const int j = i + half_block;
           store(o, i, (static_cast<float>(q[i] & 0x0F) - 8.f) * scale[i] + zero[i]);
-          store(o, i + 32, (static_cast<float>(q[i] >> 4) - 8.f) * scale[i + 32] + zero[i + 32]);
+          store(o, j, (static_cast<float>(q[i] >> 4) - 8.f) * scale[j] + zero[j]);
         }
 #endif
       }
@@ -202,13 +207,17 @@ int engine_gguf_dequant(int type, const uint8_t* blocks, int64_t num_blocks, int
   });
 }
 
-int engine_int4pack_dequant_t(const uint8_t* packed, int64_t cols, int64_t first_tile,
-                              int64_t tiles, const void* scales_zeros, int64_t total_rows,
+// block: the layout's rows per tile, 32 or 64 (torch's choice for the CPU); first_row and
+// rows multiples of it. Returns 4 for another block.
+int engine_int4pack_dequant_t(const uint8_t* packed, int64_t cols, int block, int64_t first_row,
+                              int64_t rows, const void* scales_zeros, int64_t total_rows,
                               int dtype, void* out, int num_threads) {
+  if (block != 32 && block != 64) return 4;
   return with_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
-    int4pack_dequant_t(packed, cols, first_tile, tiles, static_cast<const T*>(scales_zeros),
-                       total_rows, static_cast<T*>(out), num_threads);
+    int4pack_dequant_t(packed, cols, block, first_row, rows,
+                       static_cast<const T*>(scales_zeros), total_rows, static_cast<T*>(out),
+                       num_threads);
   });
 }
 

@@ -5,7 +5,8 @@ built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``),
 ``small_matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp`` (the GGUF
 kernels' dequantization, ``engine.core.quantization``) are compiled
 on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``)
-for this machine (``-O3 -march=native -fopenmp``; float flags per file, see ``SOURCES``)
+for this machine (``-O3 -march=native -fopenmp``; ``target_arch()`` says how to build for
+an older CPU; float flags per file, see ``SOURCES``)
 into the cache directory (``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or
 ``~/.cache/engine``), under a name derived from the sources, the compiler and the CPU's
 flags; later processes load the built file in milliseconds. The library is called through
@@ -45,10 +46,10 @@ SOURCES = {
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
-HEADERS = (Path(__file__).with_name("numerics.h"), Path(__file__).with_name("q8_0.h"))
+HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "q8_0.h", "simd.h"))
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
-COMPILE_FLAGS = ("-O3", "-march=native", "-fopenmp", "-fPIC", "-std=c++17")
+COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 #: GGUF types ``NativeKernels.gguf_dequant`` reads (ggml type code: bytes per 32 weights).
@@ -70,6 +71,16 @@ def cache_dir() -> Path:
         return Path(root)
     xdg = os.environ.get("XDG_CACHE_HOME")
     return (Path(xdg) if xdg else Path.home() / ".cache") / "engine"
+
+
+def target_arch() -> str:
+    """The ``-march`` the kernels are built for: ``$ENGINE_CPU_KERNELS_MARCH``, else ``native``.
+
+    Another value (``haswell``: AVX2 and FMA, no AVX-512) builds the code paths of an older
+    CPU on this one; the tests run the AVX2 build that way on AVX-512 machines. It must be a
+    subset of this CPU's instructions, or the kernels die with SIGILL when called.
+    """
+    return os.environ.get("ENGINE_CPU_KERNELS_MARCH") or "native"
 
 
 def find_compiler() -> str | None:
@@ -94,7 +105,8 @@ def _build(compiler: str, target: Path) -> None:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
         built = Path(tmp) / target.name
-        commands = [([compiler, *COMPILE_FLAGS, *flags, "-c", str(source), "-o", str(obj)],
+        commands = [([compiler, *COMPILE_FLAGS, f"-march={target_arch()}", *flags, "-c",
+                      str(source), "-o", str(obj)],
                      source.name)
                     for (source, flags), obj in zip(SOURCES.items(), objects, strict=True)]
         commands.append(([compiler, *LINK_FLAGS, *map(str, objects), "-o", str(built)],
@@ -120,7 +132,7 @@ def load() -> NativeKernels:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
         [*(source.read_text() for source in (*SOURCES, *HEADERS)), compiler, version,
-         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), _cpu_flags()]).encode())
+         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), target_arch(), _cpu_flags()]).encode())
     target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:
@@ -176,7 +188,8 @@ class NativeKernels:
         self._gguf_dequant.argtypes = [_I32, _P, _I64, _I32, _P, _I32]
         self._int4pack_dequant_t = lib.engine_int4pack_dequant_t
         self._int4pack_dequant_t.restype = _I32
-        self._int4pack_dequant_t.argtypes = [_P, _I64, _I64, _I64, _P, _I64, _I32, _P, _I32]
+        self._int4pack_dequant_t.argtypes = [_P, _I64, _I32, _I64, _I64, _P, _I64, _I32, _P,
+                                               _I32]
         self._small_matmul_q8_0 = lib.engine_small_matmul_q8_0
         self._small_matmul_q8_0.restype = _I32
         self._small_matmul_q8_0.argtypes = self._small_matmul.argtypes
@@ -371,18 +384,20 @@ class NativeKernels:
                            stop: int, out: torch.Tensor) -> None:
         """``out`` ``[K, stop - start]``: rows ``[start, stop)`` of an int4 weight, transposed.
 
-        ``packed``: ``uint8 [N / 64, K, 32]`` from ``_convert_weight_to_int4pack_for_cpu(q, 1)``;
-        ``scales_zeros``: ``[K / 32, N, 2]`` in ``out``'s dtype (float32 or bfloat16), both
-        contiguous; ``start``/``stop``: multiples of 64. ``w = (q - 8) * scale + zero`` in
-        float32, rounded once.
+        ``packed``: ``uint8 [N / B, K, B / 2]`` from ``_convert_weight_to_int4pack_for_cpu(q,
+        1)``, in tiles of B = 64 or 32 rows (torch's layout for the CPU:
+        ``gguf_kernels.int4pack_block()``); ``scales_zeros``: ``[K / 32, N, 2]`` in ``out``'s
+        dtype (float32 or bfloat16), both contiguous; ``start``/``stop``: multiples of 64.
+        ``w = (q - 8) * scale + zero`` in float32, rounded once.
         """
-        if packed.dim() != 3 or packed.shape[2] != 32:
-            raise ValueError(f"int4pack_dequant_t: expected packed uint8 [N / 64, K, 32], got "
-                             f"{tuple(packed.shape)}")
-        tiles, cols, _ = packed.shape
+        if packed.dim() != 3 or packed.shape[2] not in (16, 32):
+            raise ValueError(f"int4pack_dequant_t: expected packed uint8 [N / B, K, B / 2] with "
+                             f"B 64 or 32, got {tuple(packed.shape)}")
+        tiles, cols, half = packed.shape
+        rows = 2 * half * tiles
         code = _dtype_code("int4pack_dequant_t", out)
-        if not (0 <= start < stop <= 64 * tiles and start % 64 == 0 and stop % 64 == 0
-                and cols % 32 == 0 and tuple(scales_zeros.shape) == (cols // 32, 64 * tiles, 2)
+        if not (0 <= start < stop <= rows and start % 64 == 0 and stop % 64 == 0
+                and cols % 32 == 0 and tuple(scales_zeros.shape) == (cols // 32, rows, 2)
                 and tuple(out.shape) == (cols, stop - start)):
             raise ValueError(
                 f"int4pack_dequant_t: rows [{start}, {stop}) of packed {tuple(packed.shape)} "
@@ -392,8 +407,8 @@ class NativeKernels:
                     ("scales_zeros", scales_zeros, out.dtype, scales_zeros.numel()),
                     ("out", out, out.dtype, out.numel()))
         _call("int4pack_dequant_t", self._int4pack_dequant_t(
-            packed.data_ptr(), cols, start // 64, (stop - start) // 64, scales_zeros.data_ptr(),
-            64 * tiles, code, out.data_ptr(), torch.get_num_threads()))
+            packed.data_ptr(), cols, 2 * half, start, stop - start, scales_zeros.data_ptr(),
+            rows, code, out.data_ptr(), torch.get_num_threads()))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, slots: torch.Tensor) -> None:

@@ -42,28 +42,31 @@ inline int with_dtype(int dtype, F&& f) {
 }
 
 // Bit i set: dtype code i has a matmul kernel (small_matmul.cpp, packed_matmul.cpp) in this
-// build: float32 with AVX-512, bfloat16 also with avx512_bf16; 0 on other CPUs.
-inline int avx512_matmul_dtypes() {
+// build: float32 with AVX-512 or with AVX2 and FMA, bfloat16 with avx512_bf16; 0 elsewhere.
+inline int matmul_dtypes() {
   int codes = 0;
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   codes |= 1 << kFloat32;
-#if defined(__AVX512BF16__)
-  codes |= 1 << kBFloat16;
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
+  codes |= 1 << kBFloat16;
 #endif
   return codes;
 }
 
-// Calls f(T{}) for a dtype avx512_matmul_dtypes() reports (float for float32, uint16_t for
+// Calls f(T{}) for a dtype matmul_dtypes() reports (float for float32, uint16_t for
 // bfloat16); returns 1 for any other, without instantiating f for it.
 template <typename F>
 inline int with_matmul_dtype(int dtype, F&& f) {
-  if (!(avx512_matmul_dtypes() >> dtype & 1)) return 1;
-#if defined(__AVX512BF16__)
+  if (!(matmul_dtypes() >> dtype & 1)) return 1;
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
   return with_dtype(dtype, f);
-#else
+#elif defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
   f(float{});
   return 0;
+#else
+  (void)f;
+  return 1;
 #endif
 }
 

@@ -13,6 +13,10 @@
 // broadcasts). Rows go in passes of kPassRows (the pass's activations stay in L2), each
 // pass's (panel, row block) items split statically over the threads, consecutive items
 // sharing a panel. Sums are float32 in K order, bias added before the one rounding.
+// Built with AVX-512 (float32; bfloat16 also with avx512_bf16) only: the same loop in
+// AVX2's 16 registers (6 rows x 16 columns, a panel in two passes) ran at 0.84-0.90x
+// oneDNN's float32 matmul at 64 rows on a 2-core Zen 3 (0.98x with the next panel
+// prefetched), so there oneDNN multiplies 4+ rows and this file builds no kernel.
 //
 // Measured on a 2-core Zen 4 (avx512_bf16), the benchmark model's shapes, weights from
 // memory, bfloat16: 1.08-1.13x oneDNN's prepacked matmul at 64 rows (~400-430 GFLOP/s of
@@ -22,19 +26,20 @@
 #include <cstdint>
 #include <cstring>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "numerics.h"
+#include "simd.h"
 
 namespace {
 
 constexpr int64_t kPanel = 32;
-constexpr int kRows = 12;
 constexpr int64_t kPassRows = 256;
 
 #if defined(__AVX512F__)
+
+// The micro-kernel's block: kRows rows x one panel's 32 columns of sums (two registers per
+// row), in registers with the two weight registers and a broadcast.
+constexpr int kRows = 12;
+static_assert(2 * kF32Lanes == kPanel, "a panel's columns are two registers");
 
 template <typename T>
 struct Panel;
@@ -42,21 +47,21 @@ struct Panel;
 template <>
 struct Panel<float> {
   static constexpr int64_t kPack = 1;
-  using Vec = __m512;
-  static Vec weights(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec broadcast(const float* x) { return _mm512_set1_ps(*x); }
-  static __m512 madd(__m512 acc, Vec x, Vec w) { return _mm512_fmadd_ps(x, w, acc); }
-  static __m512 bias(const float* b, __mmask16 valid) { return _mm512_maskz_loadu_ps(valid, b); }
-  static void store(float* out, __m512 lo, __m512 hi, __mmask32 valid) {
-    if (valid == ~__mmask32{0}) {  // a masked store is slower on some CPUs (Zen 4)
-      _mm512_storeu_ps(out, lo);
-      _mm512_storeu_ps(out + 16, hi);
-    } else {
-      _mm512_mask_storeu_ps(out, static_cast<__mmask16>(valid), lo);
-      _mm512_mask_storeu_ps(out + 16, static_cast<__mmask16>(valid >> 16), hi);
-    }
+  using Vec = F32Vec;
+  static Vec weights(const float* p) { return f32_load(p); }
+  static Vec broadcast(const float* x) { return f32_broadcast(x); }
+  static F32Vec madd(F32Vec acc, Vec x, Vec w) { return f32_fmadd(x, w, acc); }
+  // The panel's first n (1..kPanel) outputs.
+  static void store(float* out, F32Vec lo, F32Vec hi, int64_t n) {
+    f32_store_first(out, lo, n);
+    if (n > kF32Lanes) f32_store_first(out + kF32Lanes, hi, n - kF32Lanes);
   }
 };
+
+// n (1..kF32Lanes) bias values, the other lanes 0.
+inline F32Vec bias_lanes(const float* b, int64_t n) {
+  return n >= kF32Lanes ? f32_load(b) : f32_load_first(b, n);
+}
 
 #if defined(__AVX512BF16__)
 template <>
@@ -72,65 +77,65 @@ struct Panel<uint16_t> {  // bfloat16
     return reinterpret_cast<__m512bh>(_mm512_set1_epi32(pair));
   }
   static __m512 madd(__m512 acc, Vec x, Vec w) { return _mm512_dpbf16_ps(acc, x, w); }
-  static __m512 bias(const uint16_t* b, __mmask16 valid) {
-    const __m256i bits = _mm256_maskz_loadu_epi16(valid, b);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-  }
-  static void store(uint16_t* out, __m512 lo, __m512 hi, __mmask32 valid) {
+  static void store(uint16_t* out, __m512 lo, __m512 hi, int64_t n) {
     // Round to nearest even; a NaN keeps being a NaN (its payload aside).
     const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-    if (valid == ~__mmask32{0}) {
+    if (n == kPanel) {  // a masked store is slower on some CPUs (Zen 4)
       _mm512_storeu_si512(out, packed);
     } else {
-      _mm512_mask_storeu_epi16(out, valid, packed);
+      _mm512_mask_storeu_epi16(out, static_cast<__mmask32>((1u << n) - 1), packed);
     }
   }
 };
+
+inline __m512 bias_lanes(const uint16_t* b, int64_t n) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), b);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
 #endif
 
-// out rows [0, R) x the panel's columns (valid: which of the 32 exist).
+// out rows [0, R) x the panel's first n (1..kPanel) columns.
 template <int R, typename T>
-void panel_rows(const T* x, int64_t x_row, const T* panel, int64_t K, const T* bias, T* out,
-                int64_t out_row, __mmask32 valid) {
+void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias, T* out,
+                int64_t out_row, int64_t n) {
   using P = Panel<T>;
   constexpr int64_t kPack = P::kPack;
-  __m512 lo[R], hi[R];
-  for (int r = 0; r < R; ++r) lo[r] = hi[r] = _mm512_setzero_ps();
+  F32Vec lo[R], hi[R];
+#pragma GCC unroll 16
+  for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32_zero();
   for (int64_t g = 0; g < K / kPack; ++g) {
-    const auto w0 = P::weights(panel + g * kPanel * kPack);
-    const auto w1 = P::weights(panel + g * kPanel * kPack + 16 * kPack);
+    const auto w0 = P::weights(w + g * kPanel * kPack);
+    const auto w1 = P::weights(w + g * kPanel * kPack + kF32Lanes * kPack);
+#pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const auto xv = P::broadcast(x + r * x_row + g * kPack);
       lo[r] = P::madd(lo[r], xv, w0);
       hi[r] = P::madd(hi[r], xv, w1);
     }
   }
-  __m512 b0 = _mm512_setzero_ps(), b1 = _mm512_setzero_ps();
+  F32Vec b0 = f32_zero(), b1 = f32_zero();
   if (bias != nullptr) {
-    b0 = P::bias(bias, static_cast<__mmask16>(valid));
-    b1 = P::bias(bias + 16, static_cast<__mmask16>(valid >> 16));
+    b0 = bias_lanes(bias, n < kF32Lanes ? n : kF32Lanes);
+    if (n > kF32Lanes) b1 = bias_lanes(bias + kF32Lanes, n - kF32Lanes);
   }
+#pragma GCC unroll 16
   for (int r = 0; r < R; ++r) {
-    P::store(out + r * out_row, _mm512_add_ps(lo[r], b0), _mm512_add_ps(hi[r], b1), valid);
+    P::store(out + r * out_row, f32_add(lo[r], b0), f32_add(hi[r], b1), n);
   }
 }
 
-template <typename T>
+// panel_rows for rows (1..R) known only at run time.
+template <int R, typename T>
 void panel_block(int rows, const T* x, int64_t x_row, const T* panel, int64_t K, const T* bias,
-                 T* out, int64_t out_row, __mmask32 valid) {
-  switch (rows) {
-#define ENGINE_ROWS(R)                                                  \
-  case R:                                                               \
-    panel_rows<R>(x, x_row, panel, K, bias, out, out_row, valid); \
-    break;
-    ENGINE_ROWS(1) ENGINE_ROWS(2) ENGINE_ROWS(3) ENGINE_ROWS(4) ENGINE_ROWS(5) ENGINE_ROWS(6)
-    ENGINE_ROWS(7) ENGINE_ROWS(8) ENGINE_ROWS(9) ENGINE_ROWS(10) ENGINE_ROWS(11)
-    ENGINE_ROWS(12)
-#undef ENGINE_ROWS
-    default: break;
+                 T* out, int64_t out_row, int64_t columns) {
+  if constexpr (R > 0) {
+    if (rows == R) {
+      panel_rows<R>(x, x_row, panel, K, bias, out, out_row, columns);
+    } else {
+      panel_block<R - 1>(rows, x, x_row, panel, K, bias, out, out_row, columns);
+    }
   }
 }
-static_assert(kRows == 12, "panel_block has a case for each row count up to kRows");
 
 template <typename T>
 void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_t N, int64_t K,
@@ -145,11 +150,10 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_
     for (int64_t item = 0; item < items; ++item) {
       const int64_t p = item / blocks, m = first + item % blocks * kRows;
       const int64_t columns = N - p * kPanel < kPanel ? N - p * kPanel : kPanel;
-      const auto valid = static_cast<__mmask32>(columns == 32 ? ~0u : (1u << columns) - 1);
       const int r = static_cast<int>(first + rows - m < kRows ? first + rows - m : kRows);
-      panel_block<T>(r, x + m * x_row, x_row, packed + p * kPanel * K, K,
-                     bias != nullptr ? bias + p * kPanel : nullptr, out + m * out_row + p * kPanel,
-                     out_row, valid);
+      panel_block<kRows, T>(r, x + m * x_row, x_row, packed + p * kPanel * K, K,
+                            bias != nullptr ? bias + p * kPanel : nullptr,
+                            out + m * out_row + p * kPanel, out_row, columns);
     }
   }
 }
@@ -178,8 +182,15 @@ void pack(const T* w, int64_t N, int64_t K, T* packed, int num_threads) {
 
 extern "C" {
 
-// Bit i set: dtype code i has a kernel in this build (see avx512_matmul_dtypes).
-int engine_packed_matmul_dtypes() { return avx512_matmul_dtypes(); }
+// Bit i set: dtype code i has a kernel in this build: matmul_dtypes() with AVX-512, none
+// elsewhere (see the top of this file).
+int engine_packed_matmul_dtypes() {
+#if defined(__AVX512F__)
+  return matmul_dtypes();
+#else
+  return 0;
+#endif
+}
 
 // packed [ceil(N / 32) * 32 * K] = W [N, K] (contiguous) in the layout above. Returns 0; 1
 // for a dtype this build has no kernel for; 2 for K not a multiple of the dtype's group.

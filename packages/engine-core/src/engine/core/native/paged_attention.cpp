@@ -20,11 +20,8 @@
 #include <type_traits>
 #include <vector>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "numerics.h"
+#include "simd.h"
 
 namespace {
 
@@ -111,40 +108,51 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
   }
 }
 
+#if defined(ENGINE_F32_SIMD)
+// kF32Lanes (16 with AVX-512, 8 with AVX2) at a time, q and the accumulators in registers
+// (G query heads per KV head and D = kF32Lanes * C elements per head known at compile time).
+inline F32Vec load_lanes(const float* p) { return f32_load(p); }
+inline F32Vec load_lanes(const uint16_t* p) {
 #if defined(__AVX512F__)
-// 16 lanes at a time, q and the accumulators in registers (G query heads per KV head and
-// D = 16 * C elements per head known at compile time).
-inline __m512 load16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load16(const uint16_t* p) {
   const __m256i raw = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(raw), 16));
+#else
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(raw), 16));
+#endif
 }
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(uint16_t* p, __m512 v) {
-  alignas(64) float tmp[16];
-  _mm512_store_ps(tmp, v);
-  for (int i = 0; i < 16; ++i) store(p, i, tmp[i]);
+inline void store_lanes(float* p, F32Vec v) { f32_store_first(p, v, kF32Lanes); }
+inline void store_lanes(uint16_t* p, F32Vec v) {
+  alignas(64) float tmp[kF32Lanes];
+  f32_store_first(tmp, v, kF32Lanes);
+  for (int i = 0; i < kF32Lanes; ++i) store(p, i, tmp[i]);
 }
 
-// Lane-wise partial dot product of two D = 16 * C vectors (sum the lanes for the dot).
+// Lane-wise partial dot product of two D = kF32Lanes * C vectors (sum the lanes for the dot).
 template <int C>
-inline __m512 dot16(const __m512* x, const __m512* y) {
-  __m512 a = _mm512_mul_ps(x[0], y[0]);
-  for (int c = 1; c < C; ++c) a = _mm512_fmadd_ps(x[c], y[c], a);
+inline F32Vec dot_lanes(const F32Vec* x, const F32Vec* y) {
+  F32Vec a = f32_mul(x[0], y[0]);
+  for (int c = 1; c < C; ++c) a = f32_fmadd(x[c], y[c], a);
   return a;
 }
 
+// The lane sums of four vectors, as one [sum(a0), sum(a1), sum(a2), sum(a3)].
+#if defined(__AVX512F__)
 inline __m256 halves(__m512 a) {
   return _mm256_add_ps(_mm512_castps512_ps256(a),
                        _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
 }
-
-// The lane sums of four vectors, as one [sum(a0), sum(a1), sum(a2), sum(a3)].
 inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
   const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(halves(a0), halves(a1)),
                                   _mm256_hadd_ps(halves(a2), halves(a3)));
   return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
+#else
+inline __m128 reduce4(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+  const __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+  return _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
+#endif
 
 // A head's query and a key row in registers for the scores, and their lane-wise partial
 // dot product (sum the 16 lanes for the dot). In float32 the query is pre-scaled; for
@@ -152,24 +160,24 @@ inline __m128 reduce4(__m512 a0, __m512 a1, __m512 a2, __m512 a3) {
 // float32 sums (half the instructions of converting the keys), and the sum is scaled.
 template <typename T, int C>
 struct ScoreLanes {
-  using Reg = __m512;
+  using Reg = F32Vec;
   static constexpr int kRegs = C;
   static constexpr bool kScaleAfter = false;
-  static Reg query(const T* q, int c, __m512 scale) {
-    return _mm512_mul_ps(load16(q + 16 * c), scale);
+  static Reg query(const T* q, int c, F32Vec scale) {
+    return f32_mul(load_lanes(q + kF32Lanes * c), scale);
   }
-  static Reg key(const T* k, int c) { return load16(k + 16 * c); }
-  static __m512 dot(const Reg* q, const Reg* k) { return dot16<C>(q, k); }
+  static Reg key(const T* k, int c) { return load_lanes(k + kF32Lanes * c); }
+  static F32Vec dot(const Reg* q, const Reg* k) { return dot_lanes<C>(q, k); }
 };
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 template <int C>
 struct ScoreLanes<uint16_t, C> {
   static_assert(C % 2 == 0, "a bfloat16 register holds two float32 registers' elements");
   using Reg = __m512bh;
   static constexpr int kRegs = C / 2;
   static constexpr bool kScaleAfter = true;
-  static Reg query(const uint16_t* q, int c, __m512) { return key(q, c); }
+  static Reg query(const uint16_t* q, int c, F32Vec) { return key(q, c); }
   static Reg key(const uint16_t* k, int c) {
     return reinterpret_cast<__m512bh>(_mm512_loadu_si512(k + 32 * c));
   }
@@ -203,7 +211,7 @@ inline void prefetch_block(const T* rows, const Shape& s) {
 constexpr int kBlocksAhead = 4;
 
 template <typename T, int C, int G>
-void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
+void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
                        int kvh, T* out, const Shape& s, bool alone,
                        std::vector<float>& scratch) {
   const int first = first_key(pos, s);
@@ -212,7 +220,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
   float* scores = scratch.data();  // [G, n]
   using L = ScoreLanes<T, C>;
   typename L::Reg qv[G][L::kRegs];
-  const __m512 scale = _mm512_set1_ps(s.scale);
+  const F32Vec scale = f32_broadcast(&s.scale);
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < L::kRegs; ++c)
       qv[g][c] = L::query(q + (kvh * G + g) * s.q_head, c, scale);
@@ -237,7 +245,7 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
     }
     if (alone) prefetch_block<_MM_HINT_T1>(head_rows(vc, blocks, block, kvh, s), s);
     for (; j + 4 <= end; j += 4) {  // four keys: their 4 x G dot products reduced together
-      __m512 part[G][4];
+      F32Vec part[G][4];
       for (int u = 0; u < 4; ++u) {
         const T* k = rows + ((j + u) % s.block_size) * s.c_tok;
         typename L::Reg kv[L::kRegs];
@@ -255,16 +263,16 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
       typename L::Reg kv[L::kRegs];
       for (int c = 0; c < L::kRegs; ++c) kv[c] = L::key(k, c);
       for (int g = 0; g < G; ++g) {
-        const float dot = _mm512_reduce_add_ps(L::dot(qv[g], kv));
+        const float dot = f32_sum(L::dot(qv[g], kv));
         scores[g * n + (j - first)] = L::kScaleAfter ? dot * s.scale : dot;
       }
     }
   }
   prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);
   softmax_rows(scores, G, n);
-  __m512 acc[G][C];
+  F32Vec acc[G][C];
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) acc[g][c] = _mm512_setzero_ps();
+    for (int c = 0; c < C; ++c) acc[g][c] = f32_zero();
   for (int j = first; j <= pos;) {
     const int block = j / s.block_size;
     const T* rows = head_rows(vc, blocks, block, kvh, s);
@@ -273,41 +281,42 @@ void attend_one_avx512(const T* q, const T* kc, const T* vc, const int32_t* bloc
       prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, block + 1, kvh, s), s);
     for (; j < end; ++j) {
       const T* v = rows + (j % s.block_size) * s.c_tok;
-      __m512 vv[C];
-      for (int c = 0; c < C; ++c) vv[c] = load16(v + 16 * c);
+      F32Vec vv[C];
+      for (int c = 0; c < C; ++c) vv[c] = load_lanes(v + kF32Lanes * c);
       for (int g = 0; g < G; ++g) {
-        const __m512 p = _mm512_set1_ps(scores[g * n + (j - first)]);
-        for (int c = 0; c < C; ++c) acc[g][c] = _mm512_fmadd_ps(p, vv[c], acc[g][c]);
+        const F32Vec p = f32_broadcast(&scores[g * n + (j - first)]);
+        for (int c = 0; c < C; ++c) acc[g][c] = f32_fmadd(p, vv[c], acc[g][c]);
       }
     }
   }
   for (int g = 0; g < G; ++g)
-    for (int c = 0; c < C; ++c) store16(out + (kvh * G + g) * s.out_head + 16 * c, acc[g][c]);
+    for (int c = 0; c < C; ++c)
+      store_lanes(out + (kvh * G + g) * s.out_head + kF32Lanes * c, acc[g][c]);
 }
 
-// The AVX-512 instance for (D, G), or nullptr when there is none.
+// The vector instance for (D, G), or nullptr when there is none.
 template <typename T>
 using AttendFn = void (*)(const T*, const T*, const T*, const int32_t*, int, int, T*,
                           const Shape&, bool, std::vector<float>&);
 
 template <typename T, int C>
-AttendFn<T> avx512_for_groups(int groups) {
+AttendFn<T> simd_for_groups(int groups) {
   switch (groups) {
-    case 1: return attend_one_avx512<T, C, 1>;
-    case 2: return attend_one_avx512<T, C, 2>;
-    case 3: return attend_one_avx512<T, C, 3>;
-    case 4: return attend_one_avx512<T, C, 4>;
-    case 6: return attend_one_avx512<T, C, 6>;
-    case 8: return attend_one_avx512<T, C, 8>;
+    case 1: return attend_one_simd<T, C, 1>;
+    case 2: return attend_one_simd<T, C, 2>;
+    case 3: return attend_one_simd<T, C, 3>;
+    case 4: return attend_one_simd<T, C, 4>;
+    case 6: return attend_one_simd<T, C, 6>;
+    case 8: return attend_one_simd<T, C, 8>;
     default: return nullptr;
   }
 }
 
 template <typename T>
-AttendFn<T> avx512_for(int head_size, int groups) {
+AttendFn<T> simd_for(int head_size, int groups) {
   switch (head_size) {
-    case 64: return avx512_for_groups<T, 4>(groups);
-    case 128: return avx512_for_groups<T, 8>(groups);
+    case 64: return simd_for_groups<T, 64 / kF32Lanes>(groups);
+    case 128: return simd_for_groups<T, 128 / kF32Lanes>(groups);
     default: return nullptr;
   }
 }
@@ -318,8 +327,8 @@ void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table
                 const int32_t* tok_req, const int32_t* tok_pos, int64_t num_tokens, T* out,
                 const Shape& s, int num_threads) {
   const int64_t items = num_tokens * s.kv_heads;
-#if defined(__AVX512F__)
-  const AttendFn<T> fast = avx512_for<T>(s.head_size, s.heads / s.kv_heads);
+#if defined(ENGINE_F32_SIMD)
+  const AttendFn<T> fast = simd_for<T>(s.head_size, s.heads / s.kv_heads);
 #endif
 #pragma omp parallel num_threads(num_threads)
   {
@@ -328,7 +337,7 @@ void attend_all(const T* q, const T* kc, const T* vc, const int32_t* block_table
     for (int64_t item = 0; item < items; ++item) {
       const int64_t t = item / s.kv_heads;
       const int kvh = static_cast<int>(item % s.kv_heads);
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
       if (fast != nullptr) {
         const bool alone = (t == 0 || tok_req[t - 1] != tok_req[t]) &&
                            (t + 1 == num_tokens || tok_req[t + 1] != tok_req[t]);

@@ -6,8 +6,9 @@
 // compute loop instead (~13 GB/s per core on a Zen 4 where a plain read streams ~27): here
 // each thread reads one contiguous range of W's rows front to back, every row against all
 // M rows of x (which stay in L1), accumulating in float32 (bfloat16 pairs through
-// avx512_bf16's dot-product instruction). Built only where those instructions exist; the
-// Python side asks engine_small_matmul_dtypes() and uses oneDNN elsewhere.
+// avx512_bf16's dot-product instruction). Built for float32 with AVX-512 or AVX2 and FMA,
+// bfloat16 with avx512_bf16; the Python side asks engine_small_matmul_dtypes() and uses
+// oneDNN elsewhere.
 //
 // engine_small_matmul_q8_0 is the same loop over GGUF Q8_0 rows (the gguf_dequant kernel's
 // few-token path): each register of weights is computed from its block as it is needed,
@@ -17,12 +18,9 @@
 
 #include <cstdint>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "numerics.h"
 #include "q8_0.h"
+#include "simd.h"
 
 namespace {
 
@@ -33,25 +31,23 @@ constexpr int kMaxRows = 3;
 // Weight formats run_small_matmul takes (kDense / kQ8_0 below, for the kernels).
 constexpr int kDenseFormat = -1, kQ8_0Format = 8;
 
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
 
-// One 512-bit register of T as dot_rows uses it: how many elements it holds, its load (and
-// the masked one for a row's last elements) and the multiply-accumulate into 16 float32s.
+// One register of T as dot_rows uses it: how many elements it holds, its load (and the
+// load of a row's last elements) and the multiply-accumulate into float32 sums.
 template <typename T>
 struct Lanes;
 
 template <>
 struct Lanes<float> {
-  using Vec = __m512;
-  static constexpr int kCount = 16;
-  static Vec load(const float* p) { return _mm512_loadu_ps(p); }
-  static Vec load_tail(const float* p, int64_t left) {  // left < kCount
-    return _mm512_maskz_loadu_ps(static_cast<__mmask16>((1u << left) - 1), p);
-  }
-  static __m512 madd(__m512 acc, Vec w, Vec x) { return _mm512_fmadd_ps(w, x, acc); }
+  using Vec = F32Vec;
+  static constexpr int kCount = kF32Lanes;
+  static Vec load(const float* p) { return f32_load(p); }
+  static Vec load_tail(const float* p, int64_t left) { return f32_load_first(p, left); }
+  static F32Vec madd(F32Vec acc, Vec w, Vec x) { return f32_fmadd(w, x, acc); }
 };
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 template <>
 struct Lanes<uint16_t> {  // bfloat16: pairs multiplied exactly, summed in float32
   using Vec = __m512bh;
@@ -84,15 +80,15 @@ template <typename T>
 struct Q8Row;
 
 template <>
-struct Q8Row<float> {  // a register is half a block
+struct Q8Row<float> {  // a register is half a block (AVX-512) or a quarter (AVX2)
   const uint8_t* blocks;
-  __m512 full(int64_t k) const { return q8_lanes(blocks + k / 32 * kQ8_0BlockBytes, k / 16 % 2); }
-  __m512 tail(int64_t k, int64_t left) const {
-    return _mm512_maskz_mov_ps(static_cast<__mmask16>((1u << left) - 1), full(k));
+  F32Vec full(int64_t k) const {
+    return q8_lanes(blocks + k / 32 * kQ8_0BlockBytes, k % 32 / kF32Lanes);
   }
+  F32Vec tail(int64_t k, int64_t left) const { return f32_keep_first(full(k), left); }
 };
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512F__) && defined(__AVX512BF16__)
 template <>
 struct Q8Row<uint16_t> {  // a register is a block, rounded to nearest even
   const uint8_t* blocks;
@@ -114,8 +110,8 @@ template <int M, typename T, typename Row>
 inline void dot_rows(const Row& w, const T* x, int64_t x_row, int64_t K, float* acc) {
   using L = Lanes<T>;
   constexpr int V = L::kCount;
-  __m512 a[M], b[M];
-  for (int m = 0; m < M; ++m) a[m] = b[m] = _mm512_setzero_ps();
+  F32Vec a[M], b[M];
+  for (int m = 0; m < M; ++m) a[m] = b[m] = f32_zero();
   int64_t k = 0;
   for (; k + 2 * V <= K; k += 2 * V) {
     const auto w0 = w.full(k), w1 = w.full(k + V);
@@ -132,7 +128,7 @@ inline void dot_rows(const Row& w, const T* x, int64_t x_row, int64_t K, float* 
       a[m] = L::madd(a[m], w0, whole ? L::load(xm) : L::load_tail(xm, K - k));
     }
   }
-  for (int m = 0; m < M; ++m) acc[m] = _mm512_reduce_add_ps(_mm512_add_ps(a[m], b[m]));
+  for (int m = 0; m < M; ++m) acc[m] = f32_sum(f32_add(a[m], b[m]));
 }
 
 // Weight rows: dense T [N, K] (kDense) or Q8_0 blocks [N, K / 32 * 34].
@@ -186,14 +182,14 @@ int by_rows(int64_t M, const T* x, int64_t x_row, const void* w, int64_t N, int6
   return 0;
 }
 
-#endif  // __AVX512F__
+#endif  // ENGINE_F32_SIMD
 
 }  // namespace
 
 extern "C" {
 
-// Bit i set: dtype code i has a kernel in this build (see avx512_matmul_dtypes).
-int engine_small_matmul_dtypes() { return avx512_matmul_dtypes(); }
+// Bit i set: dtype code i has a kernel in this build (see matmul_dtypes).
+int engine_small_matmul_dtypes() { return matmul_dtypes(); }
 
 // out [M, N] (rows out_row apart) = x [M, K] (rows x_row apart) W^T + bias (null: none).
 // format: -1 for W [N, K] contiguous of x's dtype, 8 for GGUF Q8_0 rows (K a multiple of
@@ -203,11 +199,11 @@ int engine_small_matmul_dtypes() { return avx512_matmul_dtypes(); }
 static int run_small_matmul(int format, int dtype, const void* x, int64_t x_row, int64_t M,
                             const void* w, int64_t N, int64_t K, const void* bias, void* out,
                             int64_t out_row, int num_threads) {
-  if (!(avx512_matmul_dtypes() >> dtype & 1)) return 1;
+  if (!(matmul_dtypes() >> dtype & 1)) return 1;
   if (M < 1 || M > kMaxRows) return 2;
   if (format != kDenseFormat && format != kQ8_0Format) return 3;
   int status = 0;
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
   const int code = with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
     const auto* xs = static_cast<const T*>(x);

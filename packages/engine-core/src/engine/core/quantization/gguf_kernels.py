@@ -22,6 +22,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import ClassVar
 
@@ -202,6 +203,25 @@ def int4_fields(fmt: GGUFFormat, data: torch.Tensor, cols: int
             zero.reshape(rows, groups))
 
 
+@functools.cache
+def int4pack_block() -> int:
+    """Rows per tile of torch's CPU int4 layout on this machine; 0 for one not read here.
+
+    ``_convert_weight_to_int4pack_for_cpu(q, 1)`` gives ``uint8 [N / B, K, B / 2]``, byte
+    ``[b][k][i]`` holding rows ``B b + i`` (low nibble) and ``B b + B / 2 + i`` (high). torch
+    picks B by the instructions its kernel runs with: 64 on AVX-512 CPUs, 32 on AVX2 ones.
+    Found by packing a known 64 x 32 weight and reading it back in each layout.
+    """
+    q = ((torch.arange(64)[:, None] * 5 + torch.arange(32)[None, :] * 3) % 16).to(torch.int32)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1).flatten()
+    for block in (64, 32):
+        tiles = packed.view(64 // block, 32, block // 2)
+        rows = torch.cat((tiles & 0x0F, tiles >> 4), dim=2).transpose(1, 2).reshape(64, 32)
+        if torch.equal(rows.to(torch.int32), q):
+            return block
+    return 0
+
+
 class GGUFInt4Kernel(LinearKernel):
     """Q4_0 / Q4_1 / Q4_K through torch's fused CPU int4 matmul (see the module docstring)."""
 
@@ -215,6 +235,9 @@ class GGUFInt4Kernel(LinearKernel):
             return Support.no(f"runs on the CPU only, not {platform.device_type}")
         if not hasattr(torch.ops.aten, "_weight_int4pack_mm_for_cpu"):
             return Support.no(f"torch {torch.__version__} has no _weight_int4pack_mm_for_cpu")
+        if int4pack_block() == 0:
+            return Support.no(f"torch {torch.__version__}'s CPU int4 layout here is not one "
+                              f"this kernel reads (tiles of 64 or 32 rows)")
         return Support.yes()
 
     @classmethod
@@ -240,7 +263,8 @@ class GGUFInt4Kernel(LinearKernel):
                     out: torch.Tensor) -> torch.Tensor:
         """Rows ``[start, stop)`` (multiples of 64) of ``W`` from the int4 layout."""
         cols = self.config.input_size
-        packed = _weight(layer).view(-1, cols, 32)[start // 64:stop // 64]
+        block = int4pack_block()
+        packed = _weight(layer).view(-1, cols, block // 2)[start // block:stop // block]
         q = torch.stack((packed & 0x0F, packed >> 4), dim=1).transpose(2, 3)
         sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
         scale = sz[:, start:stop, 0].t().float().unsqueeze(-1)
@@ -260,7 +284,7 @@ class GGUFInt4Kernel(LinearKernel):
         if kernels is None or x.dtype not in DTYPE_CODES or not x.is_cpu:
             return None
         cols = self.config.input_size
-        packed = _weight(layer).view(-1, cols, 32)
+        packed = _weight(layer).view(-1, cols, int4pack_block() // 2)
         sz: torch.Tensor = layer.weight_scales_zeros  # type: ignore[assignment]
 
         def fill(start: int, stop: int, out: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,54 @@
+"""The CPU kernels' AVX2 build (what a CPU without AVX-512 gets) passes the kernel tests too.
+
+The machines the engine runs on differ: some have AVX-512 (and avx512_bf16), some only AVX2.
+On an AVX-512 machine this builds the kernels for ``-march=haswell`` (AVX2 and FMA, the
+``ENGINE_CPU_KERNELS_MARCH`` override), has torch run its AVX2 code too
+(``ATEN_CPU_CAPABILITY=avx2``: oneDNN without bfloat16, the int4 layout in tiles of 32 rows)
+and runs the kernel test modules against that build in a subprocess. On an AVX2-only machine
+the ordinary run already is the AVX2 run.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from engine.core.native import library, native_kernels
+
+TESTS = Path(__file__).parent
+MODULES = ["test_attention_backends_cpu.py", "test_builtin_ops_cpu.py",
+           "test_gguf_dequant_native.py", "test_linear_kernels.py", "test_packed_matmul.py",
+           "test_quantization_gguf.py"]
+FLAGS = set(library._cpu_flags().split())
+# What the AVX2 build must report, checked before its tests run: float32 only (no packed
+# product), torch's int4 tiles of 32 rows.
+CHECK = """
+import torch
+from engine.core import native
+from engine.core.quantization.gguf_kernels import int4pack_block
+k = native.load()
+assert k.small_matmul_dtypes == {torch.float32}, k.small_matmul_dtypes
+assert not k.packed_matmul_dtypes, k.packed_matmul_dtypes
+assert int4pack_block() == 32, int4pack_block()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(native_kernels() is None, reason="the CPU kernels cannot be built here")
+@pytest.mark.skipif("avx512f" not in FLAGS, reason="this CPU has no AVX-512: the ordinary run "
+                    "of the kernel tests is the AVX2 build's")
+@pytest.mark.skipif(not {"avx2", "fma"} <= FLAGS, reason="this CPU has no AVX2 and FMA")
+def test_kernel_tests_pass_on_the_avx2_build() -> None:
+    env = {**os.environ, "ENGINE_CPU_KERNELS_MARCH": "haswell", "ATEN_CPU_CAPABILITY": "avx2"}
+    check = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True,
+                           text=True, timeout=600)
+    assert check.returncode == 0, check.stderr[-4000:]
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "engine.testing", "-p", "no:cacheprovider",
+         "-q", *MODULES], cwd=TESTS, env=env, capture_output=True, text=True, timeout=900)
+    assert run.returncode == 0, run.stdout[-8000:] + run.stderr[-2000:]
+    assert " passed" in run.stdout.splitlines()[-1]
