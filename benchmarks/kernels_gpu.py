@@ -15,8 +15,9 @@ baseline computing the same thing:
 * the ``int8_w8a8`` GEMM against ``F.linear`` on the bfloat16 weight (decode and prefill M).
 
 Part 2, end to end: the engine (``LLM``, ``--load-format dummy``: random weights, no
-checkpoint to write) on the ~100M random Llama of ``benchmarks/throughput.py`` and on a
-~1.2B one shaped like Llama 3.2 1B, decoding ``--output-len`` tokens after a
+checkpoint to write; decode steps replay CUDA graphs unless ``--enforce-eager``) on the
+~100M random Llama of ``benchmarks/throughput.py`` and on a ~1.2B one shaped like Llama 3.2
+1B, decoding ``--output-len`` tokens after a
 ``--input-len`` prompt, at each batch size. Decode tokens/s is measured as the difference
 of two runs (``output_len`` tokens and one token), so prefill is left out. Beside it:
 the memory roofline, ``batch / (weight bytes / bandwidth)`` with the bandwidth measured
@@ -59,6 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--input-len", type=int, default=128)
     parser.add_argument("--output-len", type=int, default=128)
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--enforce-eager", action="store_true",
+                        help="the engine without CUDA graphs (every step eager)")
     parser.add_argument("--in-process", action="store_true",
                         help="EngineCore in the benchmark's process (default: its own)")
     return parser
@@ -291,7 +294,7 @@ def engine_decode_tps(path: Path, batch: int, args: argparse.Namespace) -> float
     prompts = torch.randint(3, 250, (batch, args.input_len)).tolist()
     with LLM(str(path), load_format="dummy", dtype="bfloat16", max_num_seqs=batch,
              max_model_len=args.input_len + args.output_len + 16,
-             in_process=args.in_process) as llm:
+             in_process=args.in_process, enforce_eager=args.enforce_eager) as llm:
         def run(tokens: int) -> float:
             params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
             start = time.perf_counter()

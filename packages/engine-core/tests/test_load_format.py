@@ -176,7 +176,9 @@ def test_options_that_change_nothing_say_so() -> None:
     assert "never runs checkpoint code" in remote
     assert memory.startswith("--gpu-memory-utilization 0.85: would size the KV cache")
     assert "on a CPU" in memory and "--kv-cache-memory" in memory
-    assert "every platform" in option_notes(config, "cuda")[1]
+    assert option_notes(config, "cuda") == [remote]  # on CUDA it sizes the cache
+    explicit = EngineConfig(gpu_memory_utilization=0.85, kv_cache_memory=4)
+    assert "--kv-cache-memory is given and wins" in option_notes(explicit, "cuda")[0]
     assert option_notes(EngineConfig(), "cpu") == []
     with pytest.raises(ValueError, match="less than or equal to 1"):
         EngineConfig(gpu_memory_utilization=1.5)

@@ -81,8 +81,10 @@ class EngineConfig(BaseModel):
         False, description="accepted for vLLM command lines; this engine never runs code "
         "shipped with a checkpoint, so it changes nothing (a log line says so)")
     gpu_memory_utilization: float | None = Field(
-        None, gt=0, le=1, description="accepted for vLLM command lines; the KV cache is "
-        "sized by --kv-cache-memory or --num-kv-blocks instead (a log line says so)")
+        None, gt=0, le=1, description="on CUDA, size the KV cache to fill this fraction of "
+        "the GPU's memory after the weights and one step's activations (unless "
+        "--kv-cache-memory or --num-kv-blocks is given); elsewhere accepted for vLLM command "
+        "lines and ignored (a log line says so)")
     max_model_len: int | None = Field(
         None, ge=1, description="longest sequence (prompt + output); default: the model's")
     block_size: int = Field(16, ge=1, le=1024, description="tokens per KV-cache block")

@@ -120,13 +120,16 @@ def option_notes(config: EngineConfig, device_type: str) -> list[str]:
             "checkpoint (auto_map); this engine never runs checkpoint code: the model class "
             "is the engine.models entry named by config.json's architectures, so the flag "
             "changes nothing")
-    if config.gpu_memory_utilization is not None:
-        where = ("on a CPU there is no GPU memory to take it from" if device_type == "cpu"
-                 else "this engine sizes it the same way on every platform")
+    utilization = config.gpu_memory_utilization
+    explicit = ("--num-kv-blocks" if config.num_kv_blocks is not None else
+                "--kv-cache-memory" if config.kv_cache_memory is not None else None)
+    if utilization is not None and (device_type != "cuda" or explicit):
+        where = (f"{explicit} is given and wins" if device_type == "cuda" else
+                 f"on a {device_type.upper()} there is no GPU memory to take it from")
         notes.append(
-            f"--gpu-memory-utilization {config.gpu_memory_utilization:g}: would size the KV "
-            f"cache to fill that fraction of GPU memory; {where}: the KV cache holds "
-            f"--kv-cache-memory GiB (default 2) or --num-kv-blocks N blocks instead")
+            f"--gpu-memory-utilization {utilization:g}: would size the KV cache to fill that "
+            f"fraction of GPU memory; {where}: the KV cache holds --kv-cache-memory GiB "
+            f"(default 2) or --num-kv-blocks N blocks instead")
     return notes
 
 

@@ -175,10 +175,7 @@ class CpuLinearKernel(OneDNNLinearKernel):
             flat = flat.contiguous()
         n = weight.shape[0]
         out = torch.empty(rows, n, dtype=x.dtype)
-        if small:
-            kernels.small_matmul(flat, weight, bias, out)
-        else:
-            kernels.packed_matmul(flat, self.panels, n, bias, out)  # type: ignore[arg-type]
+        kernels.matmul(flat, weight, self.panels, bias, out)  # small rows or panels: in C
         return out.view(*x.shape[:-1], n)
 
 

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels.h"
 #include "numerics.h"
 
 namespace {

@@ -24,6 +24,7 @@
 #include <immintrin.h>
 #endif
 
+#include "kernels.h"
 #include "numerics.h"
 #include "q8_0.h"
 

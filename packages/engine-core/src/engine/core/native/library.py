@@ -30,6 +30,7 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import ClassVar, Protocol
 
 import torch
 
@@ -45,8 +46,11 @@ SOURCES = {
     Path(__file__).with_name("packed_matmul.cpp"): (),
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
+    # The step graph's interpreter and its copies (engine.core.native.graph).
+    Path(__file__).with_name("graph.cpp"): (),
 }
-HEADERS = tuple(Path(__file__).with_name(name) for name in ("numerics.h", "q8_0.h", "simd.h"))
+HEADERS = tuple(Path(__file__).with_name(name)
+                for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
 COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
@@ -58,7 +62,22 @@ GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 SMALL_MATMUL_ROWS = 3
 #: Output columns per panel of ``NativeKernels.pack_matmul_weight`` (``kPanel``).
 PACKED_MATMUL_PANEL = 32
+#: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp), and its int64s in all: the
+#: kernel, the mask of arguments that are the token count, the arguments.
+GRAPH_MAX_ARGS = 24
+GRAPH_OP_WIDTH = 2 + GRAPH_MAX_ARGS
+#: The kernels a step graph runs, by their code in graph.cpp (``GraphKernel``).
+GRAPH_KERNELS = {"rms_norm": 0, "rotary_embedding": 1, "silu_and_mul": 2, "matmul": 3,
+                 "write_kv": 4, "paged_attention": 5, "copy_rows": 6, "gather_rows": 7}
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+class Recorder(Protocol):
+    """What ``NativeKernels`` hands its calls to while a step graph is recorded."""
+
+    def record(self, kernel: str, entry: Callable[..., int | None],
+               args: tuple[object, ...]) -> int:
+        """Take the call of ``kernel`` (its ctypes ``entry`` and arguments); returns 0."""
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -159,6 +178,10 @@ def native_kernels() -> NativeKernels | None:
 class NativeKernels:
     """Typed calls into the built library (tensors in, results written in place)."""
 
+    #: While a step graph is recorded (``engine.core.native.graph``), the recorder every
+    #: kernel call of every instance is handed to instead of running.
+    recorder: ClassVar[Recorder | None] = None
+
     def __init__(self, lib: ctypes.CDLL) -> None:
         self._attention = lib.engine_paged_attention
         self._attention.restype = _I32
@@ -199,6 +222,18 @@ class NativeKernels:
         self._packed_matmul = lib.engine_packed_matmul
         self._packed_matmul.restype = _I32
         self._packed_matmul.argtypes = self._small_matmul.argtypes
+        self._matmul = lib.engine_matmul
+        self._matmul.restype = _I32
+        self._matmul.argtypes = [_I32, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I32]
+        self._copy_rows = lib.engine_copy_rows
+        self._copy_rows.restype = _I32
+        self._copy_rows.argtypes = [_P, _I64, _P, _I64, _I64, _I64]
+        self._gather_rows = lib.engine_gather_rows
+        self._gather_rows.restype = _I32
+        self._gather_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _I64]
+        self._graph_run = lib.engine_graph_run
+        self._graph_run.restype = _I64
+        self._graph_run.argtypes = [_P, _I64, _I64]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
@@ -216,7 +251,7 @@ class NativeKernels:
         code = _dtype_code("rms_norm", x)
         _check_rows("rms_norm", x.dtype, n, x, *(() if residual is None else (residual,)))
         _check_rows("rms_norm", x.dtype, n, weight.view(1, -1))
-        _call("rms_norm", self._rms_norm(
+        _call("rms_norm", self._invoke("rms_norm", self._rms_norm,
             code, x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0), weight.data_ptr(), rows, n, eps,
             torch.get_num_threads()))
@@ -246,7 +281,7 @@ class NativeKernels:
                 f"rotary_embedding: expected contiguous int64 positions and a contiguous "
                 f"float32 [max_position, {rotary_dim}] cache, got {positions.dtype} and "
                 f"{tuple(cos_sin_cache.shape)} {cos_sin_cache.dtype}")
-        status = self._rotary(
+        status = self._invoke("rotary_embedding", self._rotary,
             code, positions.data_ptr(), tokens, cos_sin_cache.data_ptr(),
             cos_sin_cache.stride(0), cos_sin_cache.shape[0], rotary_dim, int(is_neox_style),
             query.data_ptr(), query.stride(0), query.stride(1), query.shape[1], key.data_ptr(),
@@ -264,7 +299,7 @@ class NativeKernels:
         _check_rows("silu_and_mul", x.dtype, d, out)
         if x.shape[0] != rows:
             raise ValueError(f"silu_and_mul: {x.shape[0]} input rows, {rows} output rows")
-        _call("silu_and_mul", self._silu_and_mul(
+        _call("silu_and_mul", self._invoke("silu_and_mul", self._silu_and_mul,
             code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
             torch.get_num_threads()))
 
@@ -282,7 +317,7 @@ class NativeKernels:
         if not weight.is_contiguous():
             raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight, got "
                              f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
-        self._run_small_matmul("small_matmul", self._small_matmul, x, weight.data_ptr(), k,
+        self._run_small_matmul("small_matmul", self._small_matmul, x, (weight.data_ptr(),), k,
                                bias, out)
 
     def small_matmul_q8_0(self, x: torch.Tensor, blocks: torch.Tensor, bias: torch.Tensor | None,
@@ -305,7 +340,7 @@ class NativeKernels:
                              f"{tuple(out.shape)}")
         _check_flat("small_matmul_q8_0", ("blocks", blocks, torch.uint8, blocks.numel()))
         self._run_small_matmul("small_matmul_q8_0", self._small_matmul_q8_0, x,
-                               blocks.data_ptr(), k, bias, out)
+                               (blocks.data_ptr(),), k, bias, out)
 
     def pack_matmul_weight(self, weight: torch.Tensor) -> torch.Tensor:
         """``weight`` ``[N, K]`` (contiguous) packed into column panels for ``packed_matmul``.
@@ -317,7 +352,7 @@ class NativeKernels:
         self._check_packed_dtype("pack_matmul_weight", weight.dtype, k)
         _check_flat("pack_matmul_weight", ("weight", weight, weight.dtype, n * k))
         packed = torch.empty(packed_matmul_size(n, k), dtype=weight.dtype)
-        _call("pack_matmul_weight", self._pack_matmul_weight(
+        _call("pack_matmul_weight", self._invoke("pack_matmul_weight", self._pack_matmul_weight,
             DTYPE_CODES[weight.dtype], weight.data_ptr(), n, k, packed.data_ptr(),
             torch.get_num_threads()))
         return packed
@@ -333,8 +368,85 @@ class NativeKernels:
         k = x.shape[1] if x.dim() == 2 else -1
         self._check_packed_dtype("packed_matmul", x.dtype, k)
         _check_flat("packed_matmul", ("packed", packed, x.dtype, packed_matmul_size(n, k)))
-        self._run_small_matmul("packed_matmul", self._packed_matmul, x, packed.data_ptr(), k,
+        self._run_small_matmul("packed_matmul", self._packed_matmul, x, (packed.data_ptr(),), k,
                                bias, out, max_rows=None)
+
+    def matmul(self, x: torch.Tensor, weight: torch.Tensor, panels: torch.Tensor | None,
+               bias: torch.Tensor | None, out: torch.Tensor) -> None:
+        """``out`` = ``x @ weight.T + bias``, the loop picked by the row count in C.
+
+        ``small_matmul`` on ``weight`` (``[N, K]``, contiguous) for 1 to
+        ``SMALL_MATMUL_ROWS`` rows where its dtype is built, else ``packed_matmul`` on
+        ``panels`` (``pack_matmul_weight(weight)``; None: only the small rows are taken).
+        What the ``cpu`` linear kernel calls: the choice is made in the library, so a
+        recorded step graph makes it again for each step's rows.
+        """
+        n, k = weight.shape
+        rows = out.shape[0]
+        if panels is None and not (rows <= SMALL_MATMUL_ROWS
+                                   and x.dtype in self.small_matmul_dtypes):
+            raise ValueError(f"matmul: {rows} rows of {x.dtype} need the packed weight "
+                             f"(panels); without it 1..{SMALL_MATMUL_ROWS} rows of "
+                             f"{sorted(map(str, self.small_matmul_dtypes))}")
+        _check_rows("matmul", x.dtype, k, weight)
+        if not weight.is_contiguous():
+            raise ValueError(f"matmul: expected a contiguous [{n}, {k}] weight, got "
+                             f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
+        if panels is not None:
+            self._check_packed_dtype("matmul", x.dtype, k)
+            _check_flat("matmul", ("panels", panels, x.dtype, packed_matmul_size(n, k)))
+        self._run_small_matmul("matmul", self._matmul, x, (
+            weight.data_ptr(), None if panels is None else panels.data_ptr()), k, bias, out,
+            max_rows=None)
+
+    def copy_rows(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` = ``src``: ``[rows, ...]`` views whose rows (``t[i]``) are contiguous."""
+        if src.shape != out.shape or src.dtype != out.dtype or src.dim() == 0 or not (
+                src.is_cpu and out.is_cpu and src[0].is_contiguous() and out[0].is_contiguous()):
+            raise ValueError(f"copy_rows: expected two CPU views of one shape and dtype with "
+                             f"contiguous rows, got {tuple(src.shape)} {src.dtype} and "
+                             f"{tuple(out.shape)} {out.dtype}")
+        size = src.element_size()
+        _call("copy_rows", self._invoke(
+            "copy_rows", self._copy_rows, src.data_ptr(), src.stride(0) * size, out.data_ptr(),
+            out.stride(0) * size, src.shape[0], src[0].numel() * size))
+
+    def gather_rows(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[t]`` = ``table[ids[t]]``: an embedding lookup.
+
+        An id outside the table is an IndexError (nothing is written).
+
+        ``table``: ``[V, D]`` with contiguous rows; ``ids``: int64 ``[T]``, contiguous;
+        ``out``: ``[T, D]`` of the table's dtype with contiguous rows.
+        """
+        rows, width = out.shape
+        _check_rows("gather_rows", table.dtype, width, table)
+        _check_rows("gather_rows", table.dtype, width, out)
+        if ids.dtype != torch.int64 or ids.shape != (rows,) or not ids.is_contiguous():
+            raise ValueError(f"gather_rows: expected contiguous int64 ids [{rows}], got "
+                             f"{tuple(ids.shape)} {ids.dtype}")
+        size = table.element_size()
+        status = self._invoke("gather_rows", self._gather_rows, table.data_ptr(),
+                              table.stride(0) * size, table.shape[0], ids.data_ptr(), rows,
+                              out.data_ptr(), out.stride(0) * size, width * size)
+        if status == 2:
+            raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
+        _call("gather_rows", status)
+
+    def run_graph(self, ops: torch.Tensor, rows: int) -> int:
+        """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.
+
+        ``ops``: contiguous int64 ``[num_ops, GRAPH_OP_WIDTH]``. Returns 0, or (index of the
+        failing op + 1) * 256 + that kernel's status.
+        """
+        return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows))
+
+    def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
+        """Call ``entry``, or hand the call to the recorder while a graph is recorded."""
+        if self.recorder is not None:
+            return self.recorder.record(kernel, entry, args)
+        status = entry(*args)
+        return 0 if status is None else status
 
     def _check_packed_dtype(self, kernel: str, dtype: torch.dtype, k: int) -> None:
         _check_supported(kernel, dtype, self.packed_matmul_dtypes)
@@ -343,9 +455,9 @@ class NativeKernels:
                              f"along K, so K must be even")
 
     def _run_small_matmul(self, kernel: str, entry: Callable[..., int], x: torch.Tensor,
-                          weight: int, k: int, bias: torch.Tensor | None, out: torch.Tensor,
-                          max_rows: int | None = SMALL_MATMUL_ROWS) -> None:
-        """The checks and the call the products share (the weight checked by the caller)."""
+                          weights: tuple[int | None, ...], k: int, bias: torch.Tensor | None,
+                          out: torch.Tensor, max_rows: int | None = SMALL_MATMUL_ROWS) -> None:
+        """The checks and the call the products share (the weights checked by the caller)."""
         rows, n = out.shape
         if rows < 1 or (max_rows is not None and rows > max_rows):
             raise ValueError(f"{kernel}: {rows} rows; supported: 1.."
@@ -356,8 +468,8 @@ class NativeKernels:
             raise ValueError(f"{kernel}: {x.shape[0]} input rows, {rows} output rows")
         if bias is not None:
             _check_rows(kernel, x.dtype, n, bias.view(1, -1))
-        _call(kernel, entry(
-            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, weight, n, k,
+        _call(kernel, self._invoke(kernel, entry,
+            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, *weights, n, k,
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 
@@ -376,7 +488,7 @@ class NativeKernels:
                              f"bytes), got type {ggml_type} {tuple(blocks.shape)}")
         _check_flat("gguf_dequant", ("blocks", blocks, torch.uint8, blocks.numel()),
                     ("out", out, out.dtype, blocks.shape[0] * 32))
-        _call("gguf_dequant", self._gguf_dequant(
+        _call("gguf_dequant", self._invoke("gguf_dequant", self._gguf_dequant,
             ggml_type, blocks.data_ptr(), blocks.shape[0], code, out.data_ptr(),
             torch.get_num_threads()))
 
@@ -406,7 +518,7 @@ class NativeKernels:
         _check_flat("int4pack_dequant_t", ("packed", packed, torch.uint8, packed.numel()),
                     ("scales_zeros", scales_zeros, out.dtype, scales_zeros.numel()),
                     ("out", out, out.dtype, out.numel()))
-        _call("int4pack_dequant_t", self._int4pack_dequant_t(
+        _call("int4pack_dequant_t", self._invoke("int4pack_dequant_t", self._int4pack_dequant_t,
             packed.data_ptr(), cols, 2 * half, start, stop - start, scales_zeros.data_ptr(),
             rows, code, out.data_ptr(), torch.get_num_threads()))
 
@@ -418,7 +530,7 @@ class NativeKernels:
         """
         tokens, kv_heads, head_size = key.shape
         _check_layout("write_kv", (key, value), (key_cache, value_cache), (slots,), torch.int64)
-        self._write_kv(
+        self._invoke("write_kv", self._write_kv,
             key.element_size(), key.data_ptr(), key.stride(0), key.stride(1), value.data_ptr(),
             value.stride(0), value.stride(1), key_cache.data_ptr(), value_cache.data_ptr(),
             *key_cache.stride()[:3], slots.data_ptr(), tokens, kv_heads, head_size,
@@ -441,7 +553,7 @@ class NativeKernels:
         _check_layout("paged_attention", (query, output), (key_cache, value_cache),
                       (block_table, requests, positions), torch.int32)
         code = _dtype_code("paged_attention", query)
-        _call("paged_attention", self._attention(
+        _call("paged_attention", self._invoke("paged_attention", self._attention,
             code, query.data_ptr(), query.stride(0), query.stride(1),
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
             block_table.data_ptr(), block_table.stride(0), requests.data_ptr(),

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "kernels.h"
 #include "numerics.h"
 #include "simd.h"
 

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "kernels.h"
 #include "numerics.h"
 #include "simd.h"
 

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 
+#include "kernels.h"
 #include "numerics.h"
 #include "q8_0.h"
 #include "simd.h"

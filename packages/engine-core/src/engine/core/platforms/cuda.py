@@ -9,8 +9,9 @@ without a usable GPU they raise ``RuntimeError`` saying so, never torch's
 Default attention backend: ``triton`` (engine-kernels, found like any plugin through
 ``engine.attention_backends``) when it is installed, allowed, and its ``supports`` accepts
 the layers (on this device); otherwise the built-in ``torch`` backend, with one log line
-saying why. Graphs: the engine captures none yet, so CUDA runs eagerly whatever
-``--enforce-eager`` says (``docs/plugins/platforms.md``).
+saying why. Graphs: the worker captures decode steps as CUDA graphs
+(``engine.core.worker.cuda_graphs``) unless ``--enforce-eager``; this platform leaves
+``enforce_eager`` as the operator set it.
 """
 
 from __future__ import annotations

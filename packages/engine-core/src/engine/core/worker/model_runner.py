@@ -31,7 +31,7 @@ the step, whose tokens are then discarded. Any other exception is a bug and prop
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -50,6 +50,18 @@ from engine.sdk.scheduler import ModelRunnerOutput, SampleLogprobs, SchedulerOut
 
 if TYPE_CHECKING:
     from engine.core.worker.kv_connector import WorkerKVConnector
+
+
+class CapturedSteps(Protocol):
+    """The forward pass replayed from a capture for the steps it ``takes``.
+
+    ``engine.core.worker.step_graph.StepGraph`` on the CPU,
+    ``engine.core.worker.cuda_graphs.CudaGraphs`` on CUDA.
+    """
+
+    def takes(self, inputs: StepInputs) -> bool: ...
+
+    def run(self, inputs: StepInputs) -> torch.Tensor: ...
 
 _EMPTY = ModelRunnerOutput(req_ids=(), sampled_token_ids=())
 
@@ -75,6 +87,9 @@ class ModelRunner:
         self.attribution = attribution
         self.sampler = Sampler(faults)
         self.requests: dict[str, CachedRequestState] = {}
+        #: The forward pass captured for the steps it takes (a CPU step graph or CUDA
+        #: graphs, set by the worker); None: every step eager.
+        self.step_graph: CapturedSteps | None = None
 
     @torch.inference_mode()
     def warm_up(self) -> None:
@@ -188,8 +203,12 @@ class ModelRunner:
         if out.total_num_scheduled_tokens == 0 or batch.num_reqs == 0:
             return _EMPTY
         inputs = self._inputs(out)
-        metadata = self.builder.build(inputs.common)
-        hidden = self.model(inputs.input_ids, inputs.positions, metadata)
+        graph = self.step_graph
+        if graph is not None and graph.takes(inputs):
+            hidden = graph.run(inputs)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions,
+                                self.builder.build(inputs.common))
         logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         req_ids = batch.req_ids
         if not self.tp.is_driver:  # follow rank 0's tokens; its output is the step's

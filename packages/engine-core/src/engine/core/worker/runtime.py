@@ -62,6 +62,7 @@ class WorkerRuntime:
         self.worker.initialize_cache(num_blocks)
         self.methods.run_hook(self.worker, "init_worker_extension")
         self._started = True
+        self.worker.capture_step_graph()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step on this rank."""
@@ -75,7 +76,10 @@ class WorkerRuntime:
         Raises:
             WorkerExtensionError: unknown method, or the method raised, naming the extension.
         """
-        return self.methods.call(self.worker, method, args, kwargs or {})
+        try:
+            return self.methods.call(self.worker, method, args, kwargs or {})
+        finally:  # the method may have changed the model: record its forward pass anew
+            self.worker.capture_step_graph(again=True)
 
     def check_health(self) -> None:
         """Raises if this worker cannot serve (it has been shut down)."""

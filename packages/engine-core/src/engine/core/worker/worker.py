@@ -8,6 +8,10 @@ Lifecycle, as the executor drives it (one worker per tensor-parallel rank)::
     w.initialize_cache(min(num_available_blocks over the ranks))
         # allocates the cache; with --kv-connector builds the connector's worker side
         # and registers the cache with it
+    w.capture_step_graph()
+        # records the forward pass for replay where it can be (a CPU step graph, CUDA
+        # decode graphs), after the worker extensions start and again after each
+        # collective_rpc
     w.execute_model(scheduler_output)   # every rank, every step; rank 0's output is real
     w.shutdown()
 """
@@ -23,10 +27,13 @@ from torch import nn
 
 from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
+from engine.core.native import native_kernels
 from engine.core.plugin_construction import construct_plugin, logits_processor_classes
 from engine.core.plugin_faults import ForwardAttribution
 from engine.core.sample.faults import LogitsFaults
 from engine.core.startup import EngineSetup
+from engine.core.worker.cuda_graphs import capture_sizes, try_capture_cuda
+from engine.core.worker.gpu_memory import kv_cache_budget, profile_step_peak
 from engine.core.worker.input_batch import InputBatch
 from engine.core.worker.kv_cache import allocate_kv_cache, bytes_per_block, num_blocks_for
 from engine.core.worker.kv_connector import WorkerKVConnector
@@ -34,6 +41,7 @@ from engine.core.worker.kv_prefault import KVPrefault
 from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
 from engine.core.worker.onednn_caches import bound_onednn_caches
+from engine.core.worker.step_graph import try_capture
 from engine.sdk.attention import AttentionContext
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessor, LogitsProcessorContext
@@ -91,7 +99,8 @@ class Worker:
         self._block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size,
                                            setup.dtype)
         self.num_available_blocks = num_blocks_for(
-            num_kv_blocks=config.num_kv_blocks, kv_cache_memory=config.kv_cache_memory,
+            num_kv_blocks=config.num_kv_blocks,
+            kv_cache_memory=config.kv_cache_memory or self._kv_gib_from_utilization(),
             block_bytes=self._block_bytes, block_size=setup.block_size,
             max_model_len=setup.max_model_len, max_num_seqs=config.max_num_seqs,
         )
@@ -101,6 +110,29 @@ class Worker:
         self.kv_connector: WorkerKVConnector | None = None
         self.model_runner: ModelRunner | None = None
         self.kv_prefault: KVPrefault | None = None
+
+    def _kv_gib_from_utilization(self) -> float | None:
+        """The KV cache's GiB from ``--gpu-memory-utilization``, or None.
+
+        On CUDA when the operator gave it and no explicit size (``--kv-cache-memory`` or
+        ``--num-kv-blocks``): what the GPU has left (``engine.core.worker.gpu_memory``).
+        """
+        config, setup = self.setup.config, self.setup
+        utilization = config.gpu_memory_utilization
+        if self.device.type != "cuda" or utilization is None or config.num_kv_blocks:
+            return None
+        peak = None
+        if not self.tp.is_parallel:
+            peak = profile_step_peak(
+                self.built.model, self._make_builder(), self.built.factory.attention_layers,
+                self.built.backend, tokens=setup.max_num_batched_tokens,
+                rows=config.max_num_seqs, max_model_len=setup.max_model_len,
+                block_size=setup.block_size, dtype=setup.dtype, device=self.device)
+        free, total = torch.cuda.mem_get_info(self.device)
+        gib, how = kv_cache_budget(utilization=utilization, free=free, total=total,
+                                   step_peak=peak)
+        logger.info("rank %d KV cache memory: %s", self.rank, how)
+        return gib
 
     @property
     def model(self) -> nn.Module:
@@ -194,6 +226,48 @@ class Worker:
                 )))
 
         return {name: build(name, cls) for name, cls in logits_processor_classes(setup).items()}
+
+    def capture_step_graph(self, *, again: bool = False) -> None:
+        """Capture the forward pass for replay, or log why it runs eagerly.
+
+        On the CPU a step graph (``engine.core.worker.step_graph``), on CUDA decode graphs
+        (``engine.core.worker.cuda_graphs``); the model runner replays them.
+
+        ``again``: after a ``collective_rpc``, which may have changed the model; it is
+        captured anew (or dropped) and nothing is logged unless that changes.
+        """
+        runner = self.model_runner
+        if runner is None or self.device.type not in ("cpu", "cuda"):
+            return
+        had = runner.step_graph is not None
+        runner.step_graph = None
+        if again and not had:
+            return
+        setup = self.setup
+        backend = self.built.backend
+        reasons = [why for cond, why in (
+            (self.tp.is_parallel, "tensor parallelism: the ranks' collectives run in Python"),
+            (self.kv_connector is not None, "a KV connector hooks every layer"),
+        ) if cond]
+        if self.device.type == "cuda":
+            runner.step_graph = try_capture_cuda(
+                self.built.model, runner.builder, backend.cudagraph_support,
+                enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
+                sizes=capture_sizes(setup.config.max_num_seqs),
+                max_blocks=runner.input_batch.block_table.shape[1],
+                max_model_len=setup.max_model_len, device=self.device)
+        else:
+            if backend.name != "cpu":
+                reasons.append(f"the attention backend is {backend.name!r}, not 'cpu'")
+            runner.step_graph = try_capture(
+                self.built.model, native_kernels(), runner.builder,
+                enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
+                max_tokens=setup.max_num_batched_tokens, max_reqs=setup.config.max_num_seqs,
+                max_blocks=runner.input_batch.block_table.shape[1],
+                kv_caches=list(self.kv_caches.values()))
+        if again and runner.step_graph is None:
+            logger.warning("rank %d: the forward pass could not be captured again after "
+                           "collective_rpc; the model runs eagerly from now on", self.rank)
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step (on every rank); the real output on rank 0, an empty one elsewhere.

@@ -1,0 +1,396 @@
+"""Step graphs: a forward pass recorded once as native kernel calls, replayed in C.
+
+A decode step of the engine's CPU path is ~10 kernel calls per layer, each with a few
+microseconds of Python around it (module calls, views, checks): ~4 ms a step for the
+12-layer benchmark model, as much as its whole attention at batch 64 and 40% of a batch-1
+step. A graph is CUDA graphs' idea on the CPU: ``record`` runs the forward pass with the
+kernels handing their calls to a recorder instead of running (``NativeKernels.recorder``),
+fixes every pointer (weights, KV caches, static inputs, and the pass's own buffers, laid out
+in one arena by their lifetimes), and ``KernelGraph.run`` replays the calls in C
+(``graph.cpp``) for any token count up to the one recorded: one ctypes call a step.
+
+What makes a recording sound:
+
+* Only the kernels a graph knows run (``GRAPH_KERNELS``); torch ops may only make views,
+  allocate, copy (a ``clone``, ``copy_`` or copying ``reshape``/``contiguous``, recorded as
+  ``copy_rows``) or look up an embedding (``gather_rows``). Anything else that computes
+  (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
+  with the op's name, and the caller runs the model eagerly.
+* The pass is recorded at several token counts (``record_at``): the calls must be the same
+  but for the arguments that equal the token count, which the replay sets, and every
+  pointer into the pass's buffers must sit at the same offset. A call whose arguments
+  depend on the count any other way (a last-row pointer, a branch on the count) is refused.
+* Python side effects of the forward pass are not replayed: the caller must allow only
+  modules it knows have none (``engine.core.worker.step_graph`` does).
+"""
+
+from __future__ import annotations
+
+import bisect
+import contextlib
+import ctypes
+import struct
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from engine.core.native.library import (
+    GRAPH_KERNELS,
+    GRAPH_MAX_ARGS,
+    GRAPH_OP_WIDTH,
+    NativeKernels,
+)
+
+aten = torch.ops.aten
+
+#: Ops that may copy when they cannot make a view: recorded as ``copy_rows`` when they do.
+_MAYBE_COPIES = {aten.contiguous, aten.reshape, aten.flatten}
+#: Ops that only allocate (the contents are whatever the recorded kernels write).
+_ALLOCATIONS = {aten.empty, aten.empty_like, aten.new_empty, aten.empty_strided}
+#: Byte alignment of each buffer in the arena (a cache line; the arena starts on a page).
+ALIGN = 64
+
+
+class NotCapturable(Exception):
+    """The forward pass cannot be recorded; the message says what in it stopped it."""
+
+
+@dataclass(frozen=True)
+class _Buffer:
+    """A pointer into a buffer the recorded pass allocated: its index and byte offset."""
+
+    index: int
+    offset: int
+
+
+@dataclass
+class _Recording:
+    """One recorded pass: its calls, its buffers and what it returned."""
+
+    rows: int
+    ops: list[tuple[str, list[Any]]] = field(default_factory=list)
+    buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive: no reuse
+    starts: list[int] = field(default_factory=list)  # sorted by address, with ...
+    by_start: list[int] = field(default_factory=list)  # ... their indices
+    output: tuple[_Buffer, tuple[int, ...], tuple[int, ...], torch.dtype] | None = None
+
+    def allocated(self, tensor: torch.Tensor) -> None:
+        storage = tensor.untyped_storage()
+        if storage.nbytes() == 0:
+            return
+        start = storage.data_ptr()
+        at = bisect.bisect(self.starts, start)
+        self.starts.insert(at, start)
+        self.by_start.insert(at, len(self.buffers))
+        self.buffers.append(tensor)
+
+    def buffer_of(self, address: int) -> _Buffer | None:
+        at = bisect.bisect(self.starts, address) - 1
+        if at < 0:
+            return None
+        index = self.by_start[at]
+        storage = self.buffers[index].untyped_storage()
+        offset = address - storage.data_ptr()
+        return _Buffer(index, offset) if offset < storage.nbytes() else None
+
+    def sizes(self) -> list[int]:
+        return [t.untyped_storage().nbytes() for t in self.buffers]
+
+
+class _Recorder:
+    """Takes ``NativeKernels``' calls for a recording (see ``NativeKernels.recorder``)."""
+
+    def __init__(self, recording: _Recording, known: Sequence[tuple[int, int]]) -> None:
+        self.recording = recording
+        self.known = known  # (start, end) of the memory the graph may point at directly
+
+    def record(self, kernel: str, entry: Callable[..., int | None],
+               args: tuple[object, ...]) -> int:
+        if kernel not in GRAPH_KERNELS:
+            raise NotCapturable(f"the native kernel {kernel} is not one a graph runs")
+        values: list[Any] = []
+        for value, ctype in zip(args, entry.argtypes, strict=True):  # type: ignore[attr-defined]
+            if ctype is ctypes.c_void_p:
+                values.append(self._pointer(kernel, value))
+            elif ctype is ctypes.c_float:
+                values.append(float(value))  # type: ignore[arg-type]
+            else:
+                values.append(int(value))  # type: ignore[call-overload]
+        self.recording.ops.append((kernel, values))
+        return 0
+
+    def _pointer(self, kernel: str, value: object) -> Any:
+        if value is None or value == 0:
+            return None
+        address = int(value)  # type: ignore[call-overload]
+        buffer = self.recording.buffer_of(address)
+        if buffer is not None:
+            return buffer
+        if any(start <= address < end for start, end in self.known):
+            return address
+        raise NotCapturable(f"{kernel} reads memory that is neither the model's, the KV "
+                            f"cache's, the graph's inputs nor the pass's own buffers")
+
+
+class _RecordingMode(TorchDispatchMode):
+    """Lets through views and allocations, records copies and lookups, refuses the rest."""
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        # Nothing is compiled under this mode: without this, torch wraps the handler in
+        # dynamo's disable, whose first call imports torch._dynamo (~0.8 s of start-up).
+        return False
+
+    def __init__(self, recording: _Recording, kernels: NativeKernels) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]
+        self.recording = recording
+        self.kernels = kernels
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        packet = func.overloadpacket
+        if packet in _ALLOCATIONS:
+            out = func(*args, **kwargs)
+            self.recording.allocated(out)
+            return out
+        if packet is aten.clone:
+            out = func(*args, **kwargs)
+            return self._copied(args[0], out)
+        if packet is aten.copy_:
+            dst, src = args[0], args[1]
+            if dst.shape != src.shape or dst.dtype != src.dtype:
+                raise NotCapturable(f"the forward pass copies {tuple(src.shape)} {src.dtype} "
+                                    f"into {tuple(dst.shape)} {dst.dtype} (a graph copies "
+                                    f"like for like only)")
+            out = func(*args, **kwargs)
+            self.kernels.copy_rows(src, dst)
+            return out
+        if packet is aten.embedding:
+            weight, ids = args[0], args[1]
+            out = func(*args, **kwargs)
+            if ids.dim() != 1 or ids.dtype != torch.int64:
+                raise NotCapturable(f"an embedding lookup of {ids.dim()}-D {ids.dtype} ids "
+                                    f"(a graph looks up 1-D int64 ids)")
+            self.recording.allocated(out)
+            self.kernels.gather_rows(weight, ids, out)
+            return out
+        if func.is_view or packet in _MAYBE_COPIES:
+            out = func(*args, **kwargs)
+            if packet in _MAYBE_COPIES and not _aliases(out, args[0]):
+                return self._copied(args[0], out)
+            return out
+        raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
+                            f"native kernels, views, copies and embedding lookups only)")
+
+    def _copied(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        self.recording.allocated(out)
+        try:
+            self.kernels.copy_rows(src, out.view(src.shape))
+        except (ValueError, RuntimeError) as exc:
+            raise NotCapturable(f"a copy of {tuple(src.shape)} with strides {src.stride()} "
+                                f"({exc})") from None
+        return out
+
+
+def _aliases(out: torch.Tensor, src: torch.Tensor) -> bool:
+    return bool(out.untyped_storage().data_ptr() == src.untyped_storage().data_ptr())
+
+
+@contextlib.contextmanager
+def _recording_into(kernels: NativeKernels, recording: _Recording,
+                    known: Sequence[tuple[int, int]]) -> Iterator[None]:
+    # On the class: every instance records (the kernels may have been loaded more than once
+    # in this process, and a layer may hold an earlier instance than ``kernels``).
+    if NativeKernels.recorder is not None:
+        raise RuntimeError("a step graph is already being recorded")
+    NativeKernels.recorder = _Recorder(recording, known)
+    try:
+        with _RecordingMode(recording, kernels):
+            yield
+    finally:
+        NativeKernels.recorder = None
+
+
+def record(kernels: NativeKernels, forward: Callable[[int], torch.Tensor], rows: int,
+           known: Sequence[torch.Tensor]) -> _Recording:
+    """One pass of ``forward(rows)`` with the kernels recorded (nothing is computed).
+
+    ``known``: tensors whose memory the calls may point at as it is (parameters, KV
+    caches, the graph's static inputs), kept alive by their owners.
+    """
+    recording = _Recording(rows)
+    spans = [_span(t) for t in known if t.untyped_storage().nbytes()]
+    with _recording_into(kernels, recording, spans):
+        out = forward(rows)
+    buffer = recording.buffer_of(out.data_ptr()) if out.numel() else None
+    if buffer is None or out.dim() != 2 or out.shape[0] != rows:
+        raise NotCapturable(f"the forward pass returned {tuple(out.shape)}, not [{rows}, "
+                            f"hidden] rows of its own buffers")
+    recording.output = (buffer, tuple(out.shape[1:]), tuple(out.stride()), out.dtype)
+    return recording
+
+
+def _span(tensor: torch.Tensor) -> tuple[int, int]:
+    storage = tensor.untyped_storage()
+    return storage.data_ptr(), storage.data_ptr() + storage.nbytes()
+
+
+class KernelGraph:
+    """Recorded kernel calls with fixed pointers, run for any token count up to ``rows``.
+
+    Build one with ``KernelGraph.from_recordings``: the first recording (the most rows)
+    sizes the buffers; the others must agree with it (see the module docstring).
+    """
+
+    def __init__(self, kernels: NativeKernels, ops: torch.Tensor, names: list[str],
+                 arena: torch.Tensor, output: torch.Tensor, rows: int) -> None:
+        self.kernels = kernels
+        self.ops = ops
+        self.names = names
+        self.arena = arena
+        self.output = output
+        #: The most tokens a run takes.
+        self.rows = rows
+
+    @property
+    def num_ops(self) -> int:
+        return len(self.names)
+
+    @property
+    def arena_bytes(self) -> int:
+        return int(self.arena.numel())
+
+    @classmethod
+    def from_recordings(cls, kernels: NativeKernels,
+                        recordings: Sequence[_Recording]) -> KernelGraph:
+        first = recordings[0]
+        masks = _row_masks(recordings)
+        offsets, total = _plan(first)
+        arena = torch.empty(total + 4096, dtype=torch.uint8)
+        base = -arena.data_ptr() % 4096
+        arena = arena[base: base + total]
+        origin = arena.data_ptr()
+        table = np.zeros((len(first.ops), GRAPH_OP_WIDTH), dtype=np.int64)
+        for i, ((kernel, values), mask) in enumerate(zip(first.ops, masks, strict=True)):
+            if len(values) > GRAPH_MAX_ARGS:
+                raise NotCapturable(f"{kernel} takes {len(values)} arguments; a graph's ops "
+                                    f"hold {GRAPH_MAX_ARGS}")
+            table[i, 0] = GRAPH_KERNELS[kernel]
+            table[i, 1] = mask
+            for j, value in enumerate(values):
+                table[i, 2 + j] = _encode(value, origin, offsets)
+        assert first.output is not None
+        buffer, tail, strides, dtype = first.output
+        typed = arena.view(dtype)
+        start = (offsets[buffer.index] + buffer.offset) // typed.element_size()
+        output = torch.as_strided(typed, (first.rows, *tail), strides,
+                                  typed.storage_offset() + start)
+        return cls(kernels, torch.from_numpy(table), [kernel for kernel, _ in first.ops],
+                   arena, output, first.rows)
+
+    def run(self, rows: int) -> torch.Tensor:
+        """Run the calls for ``rows`` tokens; returns the pass's output, ``[rows, ...]``.
+
+        The output is a view of the graph's arena: the next run overwrites it.
+        """
+        if not 0 < rows <= self.rows:
+            raise ValueError(f"a step graph recorded for up to {self.rows} tokens cannot run "
+                             f"{rows}")
+        status = self.kernels.run_graph(self.ops, rows)
+        if status:
+            kernel = self.names[status // 256 - 1]
+            if status % 256 == 2 and kernel in ("rotary_embedding", "gather_rows"):
+                raise IndexError(f"{kernel}: a position or token id is outside its table "
+                                 f"(step graph op {status // 256 - 1})")
+            raise RuntimeError(f"{kernel}: the library refused its arguments (status "
+                               f"{status % 256}, step graph op {status // 256 - 1})")
+        return self.output[:rows]
+
+
+def _row_masks(recordings: Sequence[_Recording]) -> list[int]:
+    """Per op of the first recording, the mask of its arguments that are the token count.
+
+    Raises:
+        NotCapturable: the recordings differ in any other way.
+    """
+    first = recordings[0]
+    sizes = first.sizes()
+    for other in recordings[1:]:
+        if [kernel for kernel, _ in other.ops] != [kernel for kernel, _ in first.ops]:
+            raise NotCapturable(f"the forward pass makes different kernel calls for "
+                                f"{first.rows} and {other.rows} tokens")
+        if len(other.buffers) != len(first.buffers) or any(
+                b > a for a, b in zip(sizes, other.sizes(), strict=True)):
+            raise NotCapturable("the forward pass allocates differently for different token "
+                                "counts")
+        if other.output is None or first.output is None or \
+                other.output[0] != first.output[0] or other.output[1:] != first.output[1:]:
+            raise NotCapturable("the forward pass returns its rows from different places "
+                                "for different token counts")
+    masks = []
+    for i, (kernel, values) in enumerate(first.ops):
+        mask = 0
+        for j, value in enumerate(values):
+            seen = [r.ops[i][1][j] for r in recordings]
+            if all(isinstance(v, int) and not isinstance(v, bool) and v == r.rows
+                   for v, r in zip(seen, recordings, strict=True)):
+                mask |= 1 << j
+            elif any(v != value for v in seen):
+                raise NotCapturable(f"argument {j} of {kernel} (call {i}) depends on the "
+                                    f"token count other than by being it: {seen} for "
+                                    f"{[r.rows for r in recordings]} tokens")
+        masks.append(mask)
+    return masks
+
+
+def _lifetimes(recording: _Recording) -> list[tuple[int, int] | None]:
+    """Per buffer, the first and last call that points into it (None: no call does)."""
+    spans: list[tuple[int, int] | None] = [None] * len(recording.buffers)
+    for i, (_, values) in enumerate(recording.ops):
+        for value in values:
+            if isinstance(value, _Buffer):
+                span = spans[value.index]
+                spans[value.index] = (i, i) if span is None else (span[0], i)
+    assert recording.output is not None
+    out = recording.output[0].index
+    span = spans[out]
+    spans[out] = (len(recording.ops), len(recording.ops)) if span is None else (
+        span[0], len(recording.ops))  # read after the last call
+    return spans
+
+
+def _plan(recording: _Recording) -> tuple[list[int], int]:
+    """Arena offsets of the buffers (those alive at once never overlap) and its size."""
+    spans = _lifetimes(recording)
+    sizes = [-(-s // ALIGN) * ALIGN for s in recording.sizes()]
+    placed: list[tuple[int, int, int, int]] = []  # (offset, end, first, last)
+    offsets = [0] * len(sizes)
+    for index in sorted(range(len(sizes)), key=lambda k: -sizes[k]):
+        span = spans[index]
+        if span is None:
+            continue
+        first, last = span
+        clashes = sorted((o, e) for o, e, f, la in placed if f <= last and first <= la)
+        offset = 0
+        for start, end in clashes:
+            if offset + sizes[index] <= start:
+                break
+            offset = max(offset, end)
+        offsets[index] = offset
+        placed.append((offset, offset + sizes[index], first, last))
+    return offsets, max((end for _, end, _, _ in placed), default=0)
+
+
+def _encode(value: Any, origin: int, offsets: list[int]) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, _Buffer):
+        return origin + offsets[value.index] + value.offset
+    if isinstance(value, float):
+        return int(struct.unpack("<I", struct.pack("<f", value))[0])
+    return int(value)
