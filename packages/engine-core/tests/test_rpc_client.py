@@ -129,7 +129,10 @@ async def test_same_tokens_as_engine_core_directly(setup: EngineSetup, eos: int 
     assert not await client.is_healthy()
     with pytest.raises(EngineDeadError, match="shut down"):
         client.add_requests(requests()[:1])
-    assert [step async for step in client.outputs()] == []  # ends, does not raise
+    # Ends, does not raise; it may first hand over steps that arrived before the abort and
+    # the finish landed (the faster the steps, the more), for those two requests only.
+    leftover = [step async for step in client.outputs()]
+    assert {o.request_id for step in leftover for o in step.outputs} <= {"aborted", "finished"}
     await client.shutdown()  # idempotent
 
 
