@@ -77,7 +77,7 @@ def test_a_backend_without_graph_support_is_refused() -> None:
     with pytest.raises(NotCapturable, match="cudagraph_support is NEVER"):
         capture_cuda_graphs(torch.nn.Identity(), None,  # type: ignore[arg-type]
                             CudaGraphSupport.NEVER, sizes=[1], max_blocks=1,
-                            max_model_len=16, device=torch.device("cpu"))
+                            max_model_len=16, block_size=16, device=torch.device("cpu"))
 
 
 def test_decode_steps_replay_padded_graphs_with_the_eager_tokens(tiny_llama: Path) -> None:

@@ -311,12 +311,9 @@ class NativeKernels:
         rows of ``x`` and ``out`` contiguous. One dtype, in ``small_matmul_dtypes``. Every
         weight is read once, so decode steps of small batches run at the memory's speed.
         """
-        n, k = weight.shape
+        k = weight.shape[1]
         _check_supported("small_matmul", x.dtype, self.small_matmul_dtypes)
-        _check_rows("small_matmul", x.dtype, k, weight)
-        if not weight.is_contiguous():
-            raise ValueError(f"small_matmul: expected a contiguous [{n}, {k}] weight, got "
-                             f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
+        _check_dense_weight("small_matmul", x.dtype, weight)
         self._run_small_matmul("small_matmul", self._small_matmul, x, (weight.data_ptr(),), k,
                                bias, out)
 
@@ -388,10 +385,7 @@ class NativeKernels:
             raise ValueError(f"matmul: {rows} rows of {x.dtype} need the packed weight "
                              f"(panels); without it 1..{SMALL_MATMUL_ROWS} rows of "
                              f"{sorted(map(str, self.small_matmul_dtypes))}")
-        _check_rows("matmul", x.dtype, k, weight)
-        if not weight.is_contiguous():
-            raise ValueError(f"matmul: expected a contiguous [{n}, {k}] weight, got "
-                             f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
+        _check_dense_weight("matmul", x.dtype, weight)
         if panels is not None:
             self._check_packed_dtype("matmul", x.dtype, k)
             _check_flat("matmul", ("panels", panels, x.dtype, packed_matmul_size(n, k)))
@@ -600,6 +594,15 @@ def _check_flat(kernel: str, *specs: tuple[str, torch.Tensor, torch.dtype, int])
                 f"elements, got "
                 f"{tuple(t.shape)} {t.dtype} on {t.device.type} (contiguous: "
                 f"{t.is_contiguous()})")
+
+
+def _check_dense_weight(kernel: str, dtype: torch.dtype, weight: torch.Tensor) -> None:
+    """A ``[N, K]`` weight of ``dtype`` the products read flat: contiguous."""
+    n, k = weight.shape
+    _check_rows(kernel, dtype, k, weight)
+    if not weight.is_contiguous():
+        raise ValueError(f"{kernel}: expected a contiguous [{n}, {k}] weight, got "
+                         f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
 
 
 def _check_rows(kernel: str, dtype: torch.dtype, width: int, *tensors: torch.Tensor) -> None:

@@ -34,11 +34,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from engine.core.worker.capture import capture_or_explain
-from engine.core.worker.step_inputs import StepInputs
+from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import (
     AttentionMetadataBuilder,
     CommonAttentionMetadata,
@@ -158,7 +159,7 @@ class CudaGraphs:
 
 def capture_cuda_graphs(model: nn.Module, builder: AttentionMetadataBuilder[Any],
                         support: CudaGraphSupport, *, sizes: Sequence[int], max_blocks: int,
-                        max_model_len: int, device: torch.device) -> CudaGraphs:
+                        max_model_len: int, block_size: int, device: torch.device) -> CudaGraphs:
     """Capture ``model``'s decode pass for each batch size in ``sizes``.
 
     Raises:
@@ -176,7 +177,7 @@ def capture_cuda_graphs(model: nn.Module, builder: AttentionMetadataBuilder[Any]
         for size in sorted(sizes, reverse=True):  # the largest first: the rest reuse its pool
             graphs[size] = _capture_one(model, builder, buffers, size, pool)
     captured = CudaGraphs(buffers, builder, graphs)
-    _check_against_eager(model, captured)
+    _check_against_eager(model, captured, block_size)
     return captured
 
 
@@ -197,32 +198,24 @@ def _capture_one(model: nn.Module, builder: AttentionMetadataBuilder[Any],
     return graph, hidden
 
 
-def _check_against_eager(model: nn.Module, graphs: CudaGraphs) -> None:
+def _check_against_eager(model: nn.Module, graphs: CudaGraphs, block_size: int) -> None:
     """Replays of the smallest and the largest size on the null block against eager passes.
 
     Every row is token 0 at position 0 in slot 0, the padding rows of the fresh buffers
     too (rows sharing a slot must write the same keys); one row short of the largest size,
     so a padded replay is checked.
     """
-    buffers = graphs.buffers
     for size in sorted({graphs.sizes[0], graphs.rows}):
         n = size - 1 if size > 1 else 1
-        ids = torch.zeros(n, dtype=torch.int64, device=buffers.input_ids.device)
-        positions = torch.zeros_like(ids)
-        lens = torch.ones(n, dtype=torch.int32)
-        common = CommonAttentionMetadata(
-            query_start_loc=buffers.query_start_loc[:n + 1],
-            query_start_loc_cpu=buffers.query_start_loc_cpu[:n + 1],
-            seq_lens=lens.to(ids.device), seq_lens_cpu=lens,
-            block_table=torch.zeros(n, 1, dtype=torch.int32, device=ids.device),
-            slot_mapping=positions.clone(), num_reqs=n, num_actual_tokens=n,
-            max_query_len=1, max_seq_len=1)
-        inputs = StepInputs(input_ids=ids, positions=positions, common=common,
-                            logits_indices=torch.arange(n, device=ids.device),
-                            is_partial=lens.numpy() < 0, query_start=common.query_start_loc_cpu
-                            .numpy(), num_computed=lens.numpy() - 1)
+        ones = np.ones(n, dtype=np.int32)
+        inputs = build_step_inputs(
+            num_scheduled=ones, num_computed=ones - 1, num_tokens=ones,
+            token_ids=np.zeros((n, 1), dtype=np.int32),
+            block_table=np.zeros((n, 1), dtype=np.int32), block_size=block_size,
+            device=graphs.buffers.input_ids.device)
         with torch.inference_mode():
-            want = model(ids, positions, graphs.builder.build(common)).float()
+            want = model(inputs.input_ids, inputs.positions,
+                         graphs.builder.build(inputs.common)).float()
             got = graphs.run(inputs).float()
         scale = float(want.abs().max()) or 1.0
         error = float((got - want).abs().max()) / scale

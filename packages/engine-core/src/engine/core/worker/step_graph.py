@@ -30,6 +30,7 @@ import logging
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -43,7 +44,7 @@ from engine.core.model_executor.models import llama
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.library import NativeKernels
 from engine.core.worker.capture import capture_or_explain
-from engine.core.worker.step_inputs import StepInputs
+from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import AttentionMetadataBuilder
 
 logger = logging.getLogger(__name__)
@@ -101,14 +102,15 @@ class StepGraph:
     ``run`` gives what ``model(input_ids, positions, builder.build(common))`` would.
     """
 
-    def __init__(self, graph: KernelGraph, inputs: _Inputs, max_reqs: int,
+    def __init__(self, graph: KernelGraph, inputs: _Inputs,
+                 builder: AttentionMetadataBuilder[Any], max_reqs: int,
                  max_blocks: int) -> None:
         self.graph = graph
         self.inputs = inputs
+        #: The cpu backend's metadata builder: each step's metadata, copied into ``inputs``.
+        self.builder = builder
         self.max_reqs = max_reqs
         self.max_blocks = max_blocks
-        #: The cpu backend's metadata builder (set by ``capture_step_graph``).
-        self.builder: AttentionMetadataBuilder[Any] | None = None
 
     @property
     def rows(self) -> int:
@@ -122,20 +124,13 @@ class StepGraph:
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The hidden states ``[tokens, hidden]``: a view the next run overwrites."""
-        assert self.builder is not None
-        return self.replay(inputs.input_ids, inputs.positions,
-                           self.builder.build(inputs.common))
-
-    def replay(self, input_ids: torch.Tensor, positions: torch.Tensor,
-               metadata: CpuAttentionMetadata) -> torch.Tensor:
-        """``run`` on built metadata."""
-        self.inputs.fill(input_ids, positions, metadata)
-        return self.graph.run(input_ids.shape[0])
+        self.inputs.fill(inputs.input_ids, inputs.positions, self.builder.build(inputs.common))
+        return self.graph.run(inputs.input_ids.shape[0])
 
 
 def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
                        builder: AttentionMetadataBuilder[Any], *, max_tokens: int,
-                       max_reqs: int, max_blocks: int,
+                       max_reqs: int, max_blocks: int, block_size: int,
                        kv_caches: Sequence[torch.Tensor]) -> StepGraph:
     """Record ``model``'s forward pass for steps of up to ``max_tokens`` tokens.
 
@@ -162,12 +157,11 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     counts = [rows, *(n for n in EXTRA_RECORDINGS if n < rows)]
     with torch.inference_mode(), _only_known_modules():
         recordings = [record(kernels, forward, count, known) for count in counts]
-    step_graph = StepGraph(KernelGraph.from_recordings(kernels, recordings), inputs, max_reqs,
-                           max_blocks)
-    step_graph.builder = builder
+    step_graph = StepGraph(KernelGraph.from_recordings(kernels, recordings), inputs, builder,
+                           max_reqs, max_blocks)
     null_blocks = [cache[:, 0].clone() for cache in kv_caches]  # the check writes there
     try:
-        _check_against_eager(model, step_graph)
+        _check_against_eager(model, step_graph, block_size)
     finally:
         for cache, block in zip(kv_caches, null_blocks, strict=True):
             cache[:, 0] = block
@@ -233,17 +227,19 @@ def _only_known_modules() -> Iterator[None]:
         handle.remove()
 
 
-def _check_against_eager(model: nn.Module, step_graph: StepGraph) -> None:
+def _check_against_eager(model: nn.Module, step_graph: StepGraph, block_size: int) -> None:
     """Passes of 1 and 4 tokens on the null block: the graph's must be the model's, exactly."""
     for rows in sorted({1, min(4, step_graph.rows)}):
-        ids = torch.arange(1, rows + 1, dtype=torch.int64)
-        positions = torch.arange(rows, dtype=torch.int64)
-        metadata = CpuAttentionMetadata(
-            slots=positions.clone(), block_table=torch.zeros(1, 1, dtype=torch.int32),
-            requests=torch.zeros(rows, dtype=torch.int32), positions=positions.to(torch.int32))
+        inputs = build_step_inputs(
+            num_scheduled=np.array([rows], dtype=np.int32),
+            num_computed=np.zeros(1, dtype=np.int32), num_tokens=np.array([rows], dtype=np.int32),
+            token_ids=np.arange(1, rows + 1, dtype=np.int32)[None],
+            block_table=np.zeros((1, -(-rows // block_size)), dtype=np.int32),
+            block_size=block_size, device=torch.device("cpu"))
         with torch.inference_mode():
-            want = model(ids, positions, metadata).clone()
-            got = step_graph.replay(ids, positions, metadata)
+            want = model(inputs.input_ids, inputs.positions,
+                         step_graph.builder.build(inputs.common)).clone()
+            got = step_graph.run(inputs)
         if not torch.equal(got, want):
             raise NotCapturable(f"its replay of {rows} tokens did not give the eager pass's "
                                 f"hidden states (a bug: please report it)")

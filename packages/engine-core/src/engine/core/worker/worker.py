@@ -255,7 +255,8 @@ class Worker:
                 enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
                 sizes=capture_sizes(setup.config.max_num_seqs),
                 max_blocks=runner.input_batch.block_table.shape[1],
-                max_model_len=setup.max_model_len, device=self.device)
+                max_model_len=setup.max_model_len, block_size=setup.block_size,
+                device=self.device)
         else:
             if backend.name != "cpu":
                 reasons.append(f"the attention backend is {backend.name!r}, not 'cpu'")
@@ -264,7 +265,7 @@ class Worker:
                 enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
                 max_tokens=setup.max_num_batched_tokens, max_reqs=setup.config.max_num_seqs,
                 max_blocks=runner.input_batch.block_table.shape[1],
-                kv_caches=list(self.kv_caches.values()))
+                block_size=setup.block_size, kv_caches=list(self.kv_caches.values()))
         if again and runner.step_graph is None:
             logger.warning("rank %d: the forward pass could not be captured again after "
                            "collective_rpc; the model runs eagerly from now on", self.rank)
