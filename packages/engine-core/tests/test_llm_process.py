@@ -70,8 +70,13 @@ def in_process(tiny_llama: Path) -> list[Any]:
 
 def test_own_process_gives_the_in_process_outputs_and_frees_every_block(
         tiny_llama: Path, in_process: list[Any]) -> None:
+    before = os.environ.get("GLIBC_TUNABLES")
     with LLM(str(tiny_llama), **OPTIONS) as llm:
         assert engine_core_pid(llm) != os.getpid()
+        if sys.platform.startswith("linux"):  # spawned with huge-page malloc; ours untouched
+            with open(f"/proc/{engine_core_pid(llm)}/environ", "rb") as environ:
+                assert b"glibc.malloc.hugetlb=" in environ.read()
+            assert os.environ.get("GLIBC_TUNABLES") == before
         assert summary(llm.generate(PROMPTS, PARAMS, use_tqdm=False)) == in_process
         assert_kv_pool_full(llm)
         # A request aborted while running frees its blocks in the other process too.

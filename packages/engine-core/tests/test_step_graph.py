@@ -66,9 +66,11 @@ def test_the_graph_serves_small_steps_with_the_eager_tokens(
     for cls, name in ((KernelGraph, "run"), (LlamaForCausalLM, "forward")):
         original = getattr(cls, name)
 
-        def counted(self: Any, *args: Any, _original: Any = original, _name: str = name) -> Any:
+        def counted(self: Any, *args: Any, _original: Any = original, _name: str = name,
+                    **kwargs: Any) -> Any:
             calls[_name] += 1
-            return _original(self, *args)
+            calls[f"{_name} stages={kwargs.get('stages', 1)}"] += 1
+            return _original(self, *args, **kwargs)
 
         monkeypatch.setattr(cls, name, counted)
     monkeypatch.setattr(step_graph, "MAX_GRAPH_TOKENS", 32)  # steps of 33-64 tokens: eager
@@ -79,6 +81,8 @@ def test_the_graph_serves_small_steps_with_the_eager_tokens(
         got = generate(llm)
     assert got == eager  # tokens, logprobs and prompt logprobs, exactly
     assert calls["run"] >= 11 and calls["forward"] >= 1  # decodes in the graph, big steps not
+    # decode steps take their logits from the graph's LM head stage; others from the model
+    assert calls["run stages=2"] >= 10 and calls["run stages=1"] >= 1
 
 
 @pytest.mark.parametrize(("options", "reason"), [
@@ -212,7 +216,7 @@ def test_buffers_alive_at_once_never_share_the_arena() -> None:
                      ("copy_rows", [buffers[0], buffers[1]]),
                      ("copy_rows", [buffers[1], buffers[2]]),
                      ("copy_rows", [buffers[2], buffers[3]])]
-    recording.output = (buffers[3], (1,), (1, 1), torch.uint8)
+    recording.outputs = [(buffers[3], (1,), (1, 1), torch.uint8)]
     offsets, total = native_graph._plan(recording)
     spans = native_graph._lifetimes(recording)
     sizes = recording.sizes()

@@ -20,6 +20,9 @@ What makes a recording sound:
   but for the arguments that equal the token count, which the replay sets, and every
   pointer into the pass's buffers must sit at the same offset. A call whose arguments
   depend on the count any other way (a last-row pointer, a branch on the count) is refused.
+* A recording may go on past the pass's output with a second stage (``record(..., then=)``,
+  the LM head after the layers): a run does the first stage alone or both, and the first
+  stage's output stays valid after the second.
 * Python side effects of the forward pass are not replayed: the caller must allow only
   modules it knows have none (``engine.core.worker.step_graph`` does).
 """
@@ -76,7 +79,24 @@ class _Recording:
     buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive: no reuse
     starts: list[int] = field(default_factory=list)  # sorted by address, with ...
     by_start: list[int] = field(default_factory=list)  # ... their indices
-    output: tuple[_Buffer, tuple[int, ...], tuple[int, ...], torch.dtype] | None = None
+    #: Per stage: where its output is (buffer, shape after the rows, strides, dtype) ...
+    outputs: list[tuple[_Buffer, tuple[int, ...], tuple[int, ...], torch.dtype]] = field(
+        default_factory=list)
+    #: ... and how many calls the pass has made when that output is ready.
+    stage_ends: list[int] = field(default_factory=list)
+
+    def finish_stage(self, out: torch.Tensor) -> None:
+        """``out`` is the output of the calls recorded so far.
+
+        Raises:
+            NotCapturable: it is not ``[rows, ...]`` in the pass's own buffers.
+        """
+        buffer = self.buffer_of(out.data_ptr()) if out.numel() else None
+        if buffer is None or out.dim() != 2 or out.shape[0] != self.rows:
+            raise NotCapturable(f"the forward pass returned {tuple(out.shape)}, not "
+                                f"[{self.rows}, hidden] rows of its own buffers")
+        self.outputs.append((buffer, tuple(out.shape[1:]), tuple(out.stride()), out.dtype))
+        self.stage_ends.append(len(self.ops))
 
     def allocated(self, tensor: torch.Tensor) -> None:
         storage = tensor.untyped_storage()
@@ -217,21 +237,21 @@ def _recording_into(kernels: NativeKernels, recording: _Recording,
 
 
 def record(kernels: NativeKernels, forward: Callable[[int], torch.Tensor], rows: int,
-           known: Sequence[torch.Tensor]) -> _Recording:
+           known: Sequence[torch.Tensor], *,
+           then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> _Recording:
     """One pass of ``forward(rows)`` with the kernels recorded (nothing is computed).
 
     ``known``: tensors whose memory the calls may point at as it is (parameters, KV
-    caches, the graph's static inputs), kept alive by their owners.
+    caches, the graph's static inputs), kept alive by their owners. ``then``: a second
+    stage, recorded on from ``forward``'s output (a run may stop before it).
     """
     recording = _Recording(rows)
     spans = [_span(t) for t in known if t.untyped_storage().nbytes()]
     with _recording_into(kernels, recording, spans):
         out = forward(rows)
-    buffer = recording.buffer_of(out.data_ptr()) if out.numel() else None
-    if buffer is None or out.dim() != 2 or out.shape[0] != rows:
-        raise NotCapturable(f"the forward pass returned {tuple(out.shape)}, not [{rows}, "
-                            f"hidden] rows of its own buffers")
-    recording.output = (buffer, tuple(out.shape[1:]), tuple(out.stride()), out.dtype)
+        recording.finish_stage(out)
+        if then is not None:
+            recording.finish_stage(then(out))
     return recording
 
 
@@ -248,18 +268,25 @@ class KernelGraph:
     """
 
     def __init__(self, kernels: NativeKernels, ops: torch.Tensor, names: list[str],
-                 arena: torch.Tensor, output: torch.Tensor, rows: int) -> None:
+                 arena: torch.Tensor, outputs: list[torch.Tensor], stage_ends: list[int],
+                 rows: int) -> None:
         self.kernels = kernels
         self.ops = ops
         self.names = names
         self.arena = arena
-        self.output = output
+        #: Per stage, its output (``[rows, ...]`` views of the arena) and its last call + 1.
+        self.outputs = outputs
+        self.stage_ends = stage_ends
         #: The most tokens a run takes.
         self.rows = rows
 
     @property
     def num_ops(self) -> int:
         return len(self.names)
+
+    @property
+    def num_stages(self) -> int:
+        return len(self.outputs)
 
     @property
     def arena_bytes(self) -> int:
@@ -284,24 +311,28 @@ class KernelGraph:
             table[i, 1] = mask
             for j, value in enumerate(values):
                 table[i, 2 + j] = _encode(value, origin, offsets)
-        assert first.output is not None
-        buffer, tail, strides, dtype = first.output
-        typed = arena.view(dtype)
-        start = (offsets[buffer.index] + buffer.offset) // typed.element_size()
-        output = torch.as_strided(typed, (first.rows, *tail), strides,
-                                  typed.storage_offset() + start)
+        outputs = []
+        for buffer, tail, strides, dtype in first.outputs:
+            typed = arena.view(dtype)
+            start = (offsets[buffer.index] + buffer.offset) // typed.element_size()
+            outputs.append(torch.as_strided(typed, (first.rows, *tail), strides,
+                                            typed.storage_offset() + start))
         return cls(kernels, torch.from_numpy(table), [kernel for kernel, _ in first.ops],
-                   arena, output, first.rows)
+                   arena, outputs, list(first.stage_ends), first.rows)
 
-    def run(self, rows: int) -> torch.Tensor:
-        """Run the calls for ``rows`` tokens; returns the pass's output, ``[rows, ...]``.
+    def run(self, rows: int, stages: int = 1) -> torch.Tensor:
+        """Run the first ``stages`` stages for ``rows`` tokens; returns the last one's output.
 
-        The output is a view of the graph's arena: the next run overwrites it.
+        Outputs are ``[rows, ...]`` views of the graph's arena (``output``): the next run
+        overwrites them; those of the earlier stages stay valid until then.
         """
         if not 0 < rows <= self.rows:
             raise ValueError(f"a step graph recorded for up to {self.rows} tokens cannot run "
                              f"{rows}")
-        status = self.kernels.run_graph(self.ops, rows)
+        if not 0 < stages <= self.num_stages:
+            raise ValueError(f"this step graph has {self.num_stages} stage(s), not {stages}")
+        ops = self.ops[:self.stage_ends[stages - 1]]
+        status = self.kernels.run_graph(ops, rows)
         if status:
             kernel = self.names[status // 256 - 1]
             if status % 256 == 2 and kernel in ("rotary_embedding", "gather_rows"):
@@ -309,7 +340,11 @@ class KernelGraph:
                                  f"(step graph op {status // 256 - 1})")
             raise RuntimeError(f"{kernel}: the library refused its arguments (status "
                                f"{status % 256}, step graph op {status // 256 - 1})")
-        return self.output[:rows]
+        return self.output(stages - 1, rows)
+
+    def output(self, stage: int, rows: int) -> torch.Tensor:
+        """Stage ``stage``'s output of the last run of ``rows`` tokens (0: the first)."""
+        return self.outputs[stage][:rows]
 
 
 def _row_masks(recordings: Sequence[_Recording]) -> list[int]:
@@ -328,8 +363,7 @@ def _row_masks(recordings: Sequence[_Recording]) -> list[int]:
                 b > a for a, b in zip(sizes, other.sizes(), strict=True)):
             raise NotCapturable("the forward pass allocates differently for different token "
                                 "counts")
-        if other.output is None or first.output is None or \
-                other.output[0] != first.output[0] or other.output[1:] != first.output[1:]:
+        if other.outputs != first.outputs or other.stage_ends != first.stage_ends:
             raise NotCapturable("the forward pass returns its rows from different places "
                                 "for different token counts")
     masks = []
@@ -356,11 +390,10 @@ def _lifetimes(recording: _Recording) -> list[tuple[int, int] | None]:
             if isinstance(value, _Buffer):
                 span = spans[value.index]
                 spans[value.index] = (i, i) if span is None else (span[0], i)
-    assert recording.output is not None
-    out = recording.output[0].index
-    span = spans[out]
-    spans[out] = (len(recording.ops), len(recording.ops)) if span is None else (
-        span[0], len(recording.ops))  # read after the last call
+    end = len(recording.ops)
+    for buffer, *_ in recording.outputs:  # read after the last call
+        span = spans[buffer.index]
+        spans[buffer.index] = (end, end) if span is None else (span[0], end)
     return spans
 
 

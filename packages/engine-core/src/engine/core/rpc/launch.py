@@ -41,6 +41,7 @@ from engine.core.config import EngineConfig
 from engine.core.messages import EngineDeadError
 from engine.core.plugins import PluginManifest
 from engine.core.plugins._local import check_no_local_classes
+from engine.core.rpc.huge_pages import huge_page_malloc
 from engine.core.rpc.process import EngineProcessArgs, EngineSettings, run_engine_core_process
 
 SOCKET_NAME = "engine_core.sock"
@@ -183,7 +184,8 @@ class EngineLaunch:
         process = context.Process(target=run_engine_core_process,
                                   args=(args, ready_writer, settings_reader),
                                   name="EngineCore", daemon=False)  # daemons cannot fork
-        process.start()
+        with huge_page_malloc():  # its weights and KV cache on huge pages (see the module)
+            process.start()
         ready_writer.close()
         settings_reader.close()
         return cls(process, ready_reader, settings_writer, address, secret, socket_dir)

@@ -146,15 +146,18 @@ class CudaGraphs:
         """The smallest captured size of at least ``n`` rows."""
         return next(s for s in self.sizes if s >= n)
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """The hidden states ``[n, hidden]``: a view the next replay overwrites."""
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, None]:
+        """The hidden states ``[n, hidden]``, a view the next replay overwrites.
+
+        The logits are the runner's to compute: the LM head is not captured.
+        """
         n = inputs.common.num_reqs
         size = self.size_for(n)
         self.buffers.fill(inputs, size)
         self.builder.build(self.buffers.common(size))  # a builder's own buffers, refilled
         graph, hidden = self.graphs[size]
         graph.replay()
-        return hidden[:n]
+        return hidden[:n], None
 
 
 def capture_cuda_graphs(model: nn.Module, builder: AttentionMetadataBuilder[Any],
@@ -216,7 +219,7 @@ def _check_against_eager(model: nn.Module, graphs: CudaGraphs, block_size: int) 
         with torch.inference_mode():
             want = model(inputs.input_ids, inputs.positions,
                          graphs.builder.build(inputs.common)).float()
-            got = graphs.run(inputs).float()
+            got = graphs.run(inputs)[0].float()
         scale = float(want.abs().max()) or 1.0
         error = float((got - want).abs().max()) / scale
         if not error <= CHECK_TOLERANCE:

@@ -61,7 +61,12 @@ class CapturedSteps(Protocol):
 
     def takes(self, inputs: StepInputs) -> bool: ...
 
-    def run(self, inputs: StepInputs) -> torch.Tensor: ...
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hidden states, and the logits of ``inputs.logits_indices`` if it made them.
+
+        None for the logits: the runner calls ``model.compute_logits``.
+        """
+        ...
 
 _EMPTY = ModelRunnerOutput(req_ids=(), sampled_token_ids=())
 
@@ -204,12 +209,14 @@ class ModelRunner:
             return _EMPTY
         inputs = self._inputs(out)
         graph = self.step_graph
+        logits = None
         if graph is not None and graph.takes(inputs):
-            hidden = graph.run(inputs)
+            hidden, logits = graph.run(inputs)
         else:
             hidden = self.model(inputs.input_ids, inputs.positions,
                                 self.builder.build(inputs.common))
-        logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
+        if logits is None:
+            logits = self.model.compute_logits(hidden.index_select(0, inputs.logits_indices))
         req_ids = batch.req_ids
         if not self.tp.is_driver:  # follow rank 0's tokens; its output is the step's
             sampled_ids = torch.empty(len(req_ids), dtype=torch.int64, device=self.device)

@@ -21,6 +21,11 @@ Anything else (a custom-op or linear-kernel plugin, GGUF weights kept quantized,
 op a graph cannot record) leaves the model eager, with one INFO line saying why; requests
 are served the same either way. Before the graph is used, a short pass of both on the
 null block must give the same hidden states bit for bit.
+
+Where the LM head is a layer the graph runs too, it is recorded as a second stage: a step
+whose every token is sampled (decode steps: one token per request) replays both and takes
+its logits from the graph; any other step replays the layers alone and runs the head
+eagerly on the rows it samples (``model.compute_logits``), as without a graph.
 """
 
 from __future__ import annotations
@@ -122,10 +127,19 @@ class StepGraph:
         return (0 < inputs.input_ids.shape[0] <= self.graph.rows and reqs <= self.max_reqs
                 and blocks <= self.max_blocks)
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """The hidden states ``[tokens, hidden]``: a view the next run overwrites."""
+    def run(self, inputs: StepInputs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The hidden states ``[tokens, hidden]`` and the logits, where the graph made them.
+
+        The logits are ``model.compute_logits`` of the rows in ``inputs.logits_indices``;
+        None: the caller computes them. The hidden states are a view the next run
+        overwrites.
+        """
         self.inputs.fill(inputs.input_ids, inputs.positions, self.builder.build(inputs.common))
-        return self.graph.run(inputs.input_ids.shape[0])
+        rows = inputs.input_ids.shape[0]
+        if self.graph.num_stages == 1 or inputs.logits_indices.shape[0] != rows:
+            return self.graph.run(rows), None
+        logits = self.graph.run(rows, stages=2)
+        return self.graph.output(0, rows), logits.float()
 
 
 def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
@@ -155,8 +169,9 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
         return out
 
     counts = [rows, *(n for n in EXTRA_RECORDINGS if n < rows)]
+    head = _head(model)
     with torch.inference_mode(), _only_known_modules():
-        recordings = [record(kernels, forward, count, known) for count in counts]
+        recordings = [record(kernels, forward, count, known, then=head) for count in counts]
     step_graph = StepGraph(KernelGraph.from_recordings(kernels, recordings), inputs, builder,
                            max_reqs, max_blocks)
     null_blocks = [cache[:, 0].clone() for cache in kv_caches]  # the check writes there
@@ -166,6 +181,16 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
         for cache, block in zip(kv_caches, null_blocks, strict=True):
             cache[:, 0] = block
     return step_graph
+
+
+def _head(model: nn.Module) -> nn.Module | None:
+    """The LM head, where ``compute_logits`` is it alone and the graph can run it."""
+    lm_head = getattr(model, "lm_head", None)
+    if getattr(type(model), "compute_logits", None) is not (
+            llama.LlamaForCausalLM.compute_logits) or not (
+            isinstance(lm_head, nn.Module)) or _refusal(lm_head) is not None:
+        return None
+    return lm_head
 
 
 def _kernel_tensors(model: nn.Module) -> list[torch.Tensor]:
@@ -228,21 +253,33 @@ def _only_known_modules() -> Iterator[None]:
 
 
 def _check_against_eager(model: nn.Module, step_graph: StepGraph, block_size: int) -> None:
-    """Passes of 1 and 4 tokens on the null block: the graph's must be the model's, exactly."""
-    for rows in sorted({1, min(4, step_graph.rows)}):
+    """The graph's hidden states and logits must be the model's, exactly.
+
+    Passes on the null block: a request of 1 token, one of 4, and 4 requests of 1 token
+    (the LM head stage).
+    """
+    tokens, reqs = min(4, step_graph.rows), min(4, step_graph.rows, step_graph.max_reqs)
+    for num_reqs, rows in sorted({(1, 1), (1, tokens), (reqs, 1)}):
         inputs = build_step_inputs(
-            num_scheduled=np.array([rows], dtype=np.int32),
-            num_computed=np.zeros(1, dtype=np.int32), num_tokens=np.array([rows], dtype=np.int32),
-            token_ids=np.arange(1, rows + 1, dtype=np.int32)[None],
-            block_table=np.zeros((1, -(-rows // block_size)), dtype=np.int32),
+            num_scheduled=np.full(num_reqs, rows, dtype=np.int32),
+            num_computed=np.zeros(num_reqs, dtype=np.int32),
+            num_tokens=np.full(num_reqs, rows, dtype=np.int32),
+            token_ids=np.tile(np.arange(1, rows + 1, dtype=np.int32), (num_reqs, 1)),
+            block_table=np.zeros((num_reqs, -(-rows // block_size)), dtype=np.int32),
             block_size=block_size, device=torch.device("cpu"))
         with torch.inference_mode():
             want = model(inputs.input_ids, inputs.positions,
                          step_graph.builder.build(inputs.common)).clone()
-            got = step_graph.run(inputs)
+            compute_logits: Any = model.compute_logits
+            want_logits = compute_logits(want.index_select(0, inputs.logits_indices))
+            got, logits = step_graph.run(inputs)
+        what = f"{num_reqs} request(s) of {rows} token(s)"
         if not torch.equal(got, want):
-            raise NotCapturable(f"its replay of {rows} tokens did not give the eager pass's "
-                                f"hidden states (a bug: please report it)")
+            raise NotCapturable(f"its replay of {what} did not give the eager pass's hidden "
+                                f"states (a bug: please report it)")
+        if logits is not None and not torch.equal(logits, want_logits):
+            raise NotCapturable(f"its replay of the LM head for {what} did not give the eager "
+                                f"logits (a bug: please report it)")
 
 
 def try_capture(model: nn.Module, kernels: NativeKernels | None,
@@ -251,10 +288,16 @@ def try_capture(model: nn.Module, kernels: NativeKernels | None,
     """``capture_step_graph``, or None; one INFO line (DEBUG if ``quiet``) says which."""
     return capture_or_explain(
         logger, "CPU step graph", lambda: capture_step_graph(model, kernels, builder, **kwargs),
-        lambda graph: (f"the forward pass runs as {graph.graph.num_ops} native calls for "
-                       f"steps of up to {graph.rows} tokens (arena "
-                       f"{graph.graph.arena_bytes / (1 << 20):.1f} MiB)"),
-        refused=NotCapturable, enforce_eager=enforce_eager, reasons=reasons, quiet=quiet)
+        _describe, refused=NotCapturable, enforce_eager=enforce_eager, reasons=reasons,
+        quiet=quiet)
+
+
+def _describe(graph: StepGraph) -> str:
+    head = ("the LM head included for decode steps" if graph.graph.num_stages > 1
+            else "the LM head eager")
+    return (f"the forward pass runs as {graph.graph.num_ops} native calls for steps of up "
+            f"to {graph.rows} tokens, {head} (arena "
+            f"{graph.graph.arena_bytes / (1 << 20):.1f} MiB)")
 
 
 __all__ = ["MAX_GRAPH_TOKENS", "StepGraph", "capture_step_graph", "try_capture"]
