@@ -139,7 +139,10 @@ class StepGraph:
         if self.graph.num_stages == 1 or inputs.logits_indices.shape[0] != rows:
             return self.graph.run(rows), None
         logits = self.graph.run(rows, stages=2)
-        return self.graph.output(0, rows), logits.float()
+        # A copy in float32 (as compute_logits returns): the sampler and the logits
+        # processors may change it in place or keep it, and the next run overwrites the
+        # arena's.
+        return self.graph.output(0, rows), logits.to(torch.float32, copy=True)
 
 
 def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
