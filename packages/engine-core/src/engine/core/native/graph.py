@@ -93,8 +93,8 @@ class _Recording:
         """
         buffer = self.buffer_of(out.data_ptr()) if out.numel() else None
         if buffer is None or out.dim() != 2 or out.shape[0] != self.rows:
-            raise NotCapturable(f"the forward pass returned {tuple(out.shape)}, not "
-                                f"[{self.rows}, hidden] rows of its own buffers")
+            raise NotCapturable(f"a stage of the forward pass returned {tuple(out.shape)}, "
+                                f"not [{self.rows}, features] rows of its own buffers")
         self.outputs.append((buffer, tuple(out.shape[1:]), tuple(out.stride()), out.dtype))
         self.stage_ends.append(len(self.ops))
 

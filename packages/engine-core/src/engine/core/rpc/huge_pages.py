@@ -3,9 +3,10 @@
 A CPU decode step streams every weight from memory once; at batch 1 it is bound by how
 fast memory reads. With 4 KiB pages a pass over the 100M benchmark model's 192 MB touches
 ~47 000 pages, each needing a TLB entry (and, in a VM, a nested page walk); with 2 MiB
-pages, ~100. Measured on a 2-core Zen 4 VM (``benchmarks/README.md``, "Huge pages"): the
-small-batch product over the model's weights reads 4-5% faster (median of 15 interleaved
-pairs in one process), which is that much of a batch-1 step.
+pages, ~100. Measured on a 2-core Zen 4 VM (``benchmarks/huge_pages.py``, numbers in
+``benchmarks/README.md``, runs 21-22): the small-batch product over the model's weights
+reads 1.17x faster (median of 15 interleaved pairs in one process), and the step graph of
+a batch-1 decode step takes ~5% less time (6.40-6.63 ms against 6.73-7.07).
 
 Most Linux machines run THP in ``madvise`` mode: only memory asked for gets huge pages.
 glibc's ``malloc`` asks for every chunk it maps when the tunable ``glibc.malloc.hugetlb=1``
