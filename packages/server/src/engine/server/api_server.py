@@ -42,6 +42,7 @@ import uvicorn
 
 from engine.core.client.async_llm import AsyncLLM, CoreClientFactory
 from engine.core.config import EngineConfig
+from engine.core.heap import freeze_startup_heap
 from engine.core.rpc.process import exit_process
 from engine.server.app import build_app
 from engine.server.state import ServerArgs
@@ -144,6 +145,7 @@ async def serve(config: EngineConfig, server_args: ServerArgs, listen: ListenArg
     watcher: asyncio.Task[None] | None = None
     try:
         await engine.start()
+        freeze_startup_heap()
         uv_config = uvicorn.Config(
             app, host=listen.host, port=listen.port, log_config=None,
             access_log=listen.access_log,

@@ -38,6 +38,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, NoReturn
 
 from engine.core.config import EngineConfig
+from engine.core.heap import defer_full_collections, freeze_startup_heap
 from engine.core.messages import EngineInfo
 from engine.core.plugins import PluginManifest
 
@@ -143,6 +144,7 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
     Sends ``{"ready": address}`` or ``{"error": message}`` over ``ready`` exactly once;
     exits with status 0 after a clean stop, 1 after an error.
     """
+    defer_full_collections()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [EngineCore] %(name)s: %(message)s")
@@ -166,6 +168,7 @@ def run_engine_core_process(args: EngineProcessArgs, ready: Connection,
         executor.shutdown(wait=False)
         exit_process(1)
     signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(loop, signum, frame))
+    freeze_startup_heap()
     send_message(ready, ready=bound)
     ready.close()
     logger.info("EngineCore serving on %s", bound)

@@ -27,6 +27,7 @@ from multiprocessing.connection import Connection
 from typing import TYPE_CHECKING
 
 from engine.core.config import EngineConfig
+from engine.core.heap import defer_full_collections, freeze_startup_heap
 from engine.core.plugins import PluginManifest
 from engine.core.rpc.process import describe_error, exit_process, send_message, watch_parent
 
@@ -67,6 +68,7 @@ class WorkerProcessArgs:
 
 def run_worker_process(args: WorkerProcessArgs, ready: Connection) -> None:
     """Entry point of the spawned process: build, serve, exit (status 0 after a clean stop)."""
+    defer_full_collections()
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=args.log_level, stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [worker {args.rank}] %(name)s: "
@@ -103,6 +105,7 @@ def run_worker_process(args: WorkerProcessArgs, ready: Connection) -> None:
         exit_process(1)
     assert runtime is not None
     signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+    freeze_startup_heap()
     send_message(ready, ready=bound, num_available_blocks=runtime.num_available_blocks)
     ready.close()
     stop.wait()

@@ -146,8 +146,11 @@ def run(args: argparse.Namespace) -> int:
     EngineCore's process is spawned as soon as the config is valid, before this process
     imports torch and the server, so both start up in parallel.
     """
+    from engine.core.heap import defer_full_collections
     from engine.core.messages import EngineDeadError
     from engine.sdk.errors import EngineSDKError
+
+    defer_full_collections()  # freeze_startup_heap() once the engine is ready
 
     launch: EngineLaunch | None = None
     try:
