@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -44,3 +45,25 @@ def test_a_failing_warm_up_is_a_warning_and_the_engine_serves(
     assert "warm-up forward pass failed (RuntimeError: kernel set-up failed)" in caplog.text
     assert all(not cache.any() for cache in caches_of(llm))
     assert llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids == want
+
+
+def test_the_kv_prefault_starts_after_the_warm_up_and_the_capture(
+        tiny_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.core.worker import worker as worker_module
+
+    order: list[str] = []
+
+    def noted(name: str, call: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            order.append(name)
+            return call(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(ModelRunner, "warm_up", noted("warm_up", ModelRunner.warm_up))
+    monkeypatch.setattr(worker_module.Worker, "capture_step_graph",
+                        noted("capture", worker_module.Worker.capture_step_graph))
+    monkeypatch.setattr(worker_module, "KVPrefault", noted("prefault", worker_module.KVPrefault))
+    with LLM(str(tiny_llama), dtype="float32", num_kv_blocks=64, in_process=True) as llm:
+        assert order == ["warm_up", "capture", "prefault"]
+        assert llm.llm_engine.core.worker.kv_prefault is not None
+        assert llm.generate(PROMPT, PARAMS, use_tqdm=False)[0].outputs[0].token_ids

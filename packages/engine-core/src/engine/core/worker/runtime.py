@@ -58,11 +58,12 @@ class WorkerRuntime:
         return int(self.worker.num_available_blocks)
 
     def initialize_cache(self, num_blocks: int) -> None:
-        """Allocate ``num_blocks`` KV blocks, then start the extensions."""
+        """Allocate ``num_blocks`` KV blocks, start the extensions, capture the forward pass."""
         self.worker.initialize_cache(num_blocks)
         self.methods.run_hook(self.worker, "init_worker_extension")
         self._started = True
         self.worker.capture_step_graph()
+        self.worker.prefault_kv_cache()
 
     def execute_model(self, scheduler_output: SchedulerOutput) -> ModelRunnerOutput:
         """One step on this rank."""

@@ -169,8 +169,6 @@ class Worker:
         self.kv_caches = allocate_kv_cache(layers, self.built.backend, num_blocks,
                                            setup.block_size, setup.dtype, self.device)
         self.num_blocks = num_blocks
-        if self.device.type == "cpu":  # the first blocks' pages, before traffic needs them
-            self.kv_prefault = KVPrefault(self.kv_caches, num_blocks)
         logger.info("rank %d KV cache: %d blocks of %d tokens (%.2f GiB)", self.rank,
                     num_blocks, setup.block_size, num_blocks * self._block_bytes / (1 << 30))
         faults = None
@@ -226,6 +224,17 @@ class Worker:
                 )))
 
         return {name: build(name, cls) for name, cls in logits_processor_classes(setup).items()}
+
+    def prefault_kv_cache(self) -> None:
+        """On the CPU, start faulting in the KV cache's first blocks on a background thread.
+
+        Called once, after the warm-up and the step graph's capture: the thread's page
+        faults would slow them down (measured: ~0.4 s more to ``engine serve``'s ready on a
+        2-core VM, huge pages making each fault dearer), and traffic needs those pages only
+        once the server is up.
+        """
+        if self.device.type == "cpu" and self.kv_caches and self.kv_prefault is None:
+            self.kv_prefault = KVPrefault(self.kv_caches, self.num_blocks)
 
     def capture_step_graph(self, *, again: bool = False) -> None:
         """Capture the forward pass for replay, or log why it runs eagerly.
