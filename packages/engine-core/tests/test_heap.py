@@ -52,3 +52,11 @@ def test_garbage_made_after_the_freeze_is_still_collected() -> None:
     later = weakref.ref(_Node())
     gc.collect()
     assert later() is None
+
+
+def test_a_start_up_that_stops_early_gets_its_thresholds_back() -> None:
+    thresholds = gc.get_threshold()
+    heap.defer_full_collections()
+    heap.restore_full_collections()
+    assert gc.get_threshold() == thresholds
+    assert gc.get_freeze_count() == 0

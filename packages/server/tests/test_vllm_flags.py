@@ -9,6 +9,7 @@ logprobs cap and request logging; and the port-in-use error before any model loa
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import logging
 import os
@@ -177,8 +178,10 @@ def test_values_that_cannot_apply_say_why(flags: list[str], words: str,
                                           capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(ValidationError, match=words):
         engine_config_from_args(parse_args(["serve", *flags]))
+    thresholds = gc.get_threshold()
     assert main(["serve", MODEL, "--port", "0", *flags]) == 2  # before any engine starts
     assert capsys.readouterr().err.startswith(f"error: {words}")
+    assert gc.get_threshold() == thresholds  # start-up's deferred collections undone
 
 
 def _help_strings(parser: argparse.ArgumentParser) -> Iterator[tuple[str, argparse.Action, str]]:

@@ -57,4 +57,12 @@ def freeze_startup_heap() -> None:
                  gc.get_freeze_count(), collected)
 
 
-__all__ = ["defer_full_collections", "freeze_startup_heap"]
+def restore_full_collections() -> None:
+    """Undo :func:`defer_full_collections` without a freeze (start-up stopped early)."""
+    global _saved
+    if _saved is not None:
+        gc.set_threshold(*_saved)
+        _saved = None
+
+
+__all__ = ["defer_full_collections", "freeze_startup_heap", "restore_full_collections"]

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
     EngineCore's process is spawned as soon as the config is valid, before this process
     imports torch and the server, so both start up in parallel.
     """
-    from engine.core.heap import defer_full_collections
+    from engine.core.heap import defer_full_collections, restore_full_collections
     from engine.core.messages import EngineDeadError
     from engine.sdk.errors import EngineSDKError
 
@@ -184,5 +184,6 @@ def run(args: argparse.Namespace) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     finally:
+        restore_full_collections()  # start-up stopped early (the server froze the heap else)
         if launch is not None:
             launch.cancel()  # no-op once a client took the process over and stopped it
