@@ -47,12 +47,9 @@ def freeze_startup_heap() -> None:
 
     Idempotent; without :func:`defer_full_collections` first it freezes all the same.
     """
-    global _saved
     collected = gc.collect(1)
     gc.freeze()
-    if _saved is not None:
-        gc.set_threshold(*_saved)
-        _saved = None
+    restore_full_collections()
     logger.debug("start-up heap frozen: %d objects (%d young garbage collected first)",
                  gc.get_freeze_count(), collected)
 
