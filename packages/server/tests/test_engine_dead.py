@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,17 @@ from engine.core.engine.engine_core import EngineCore
 from engine.core.startup import EngineSetup
 from engine.server.app import build_app
 from engine.server.state import ServerArgs
+from engine.server.streaming import ChoiceCursor
 
 
 class _Fuse:
-    """Makes EngineCore.step raise once ``steps_left`` reaches 0."""
+    """Makes EngineCore.step raise once ``steps_left`` reaches 0 (and, when ``after`` is
+    set, once ``after`` is set too: the step waits for it, so the death cannot come before
+    what the test needs to have happened)."""
 
     def __init__(self) -> None:
         self.steps_left: int | None = None
+        self.after: threading.Event | None = None
 
     def core_factory(self, setup: EngineSetup, eos_token_id: int | None) -> EngineCore:
         core = EngineCore(setup, eos_token_id=eos_token_id)
@@ -38,6 +43,8 @@ class _Fuse:
         def fragile_step() -> Any:
             if self.steps_left is not None:
                 if self.steps_left <= 0:
+                    if self.after is not None:
+                        assert self.after.wait(timeout=30), "the fuse waited in vain"
                     raise RuntimeError("boom: the GPU fell off")
                 self.steps_left -= 1
             return step()
@@ -69,9 +76,22 @@ BODY = {"model": "tiny", "prompt": "Hello", "max_tokens": 40, "temperature": 0,
         "ignore_eos": True}
 
 
-async def test_death_mid_stream_gives_error_frame_then_done(app_client: Any) -> None:
+async def test_death_mid_stream_gives_error_frame_then_done(
+        app_client: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     http, fuse = app_client
     assert (await http.get("/health")).status_code == 200
+    # The engine dies only once the stream has a token to send (a death before the stream
+    # first looks would end it with the error alone).
+    fuse.after = token_sent = threading.Event()
+    advance = ChoiceCursor.advance
+
+    def advance_and_tell(self: ChoiceCursor, choice: Any) -> Any:
+        delta = advance(self, choice)
+        if delta is not None and delta.token_ids:
+            token_sent.set()
+        return delta
+
+    monkeypatch.setattr(ChoiceCursor, "advance", advance_and_tell)
     fuse.steps_left = 5
     response = await asyncio.wait_for(
         http.post("/v1/completions", json={**BODY, "stream": True}), timeout=30)

@@ -44,6 +44,7 @@ from engine.server.state import random_id, server_state
 from engine.server.streaming import (
     DONE_FRAME,
     ChoiceCursor,
+    ChunkFrames,
     ClientDisconnected,
     SSEResponse,
     cancel_on_disconnect,
@@ -220,9 +221,8 @@ def _delta_message(delta: StreamDelta) -> DeltaMessage:
 async def _stream(stream: RequestStream, response_id: str, created: int, model: str, n: int,
                   num_logprobs: int | None, include_usage: bool, return_token_ids: bool,
                   tools: list[ChoiceTools] | None = None) -> AsyncIterator[str]:
-    def chunk(choice: ChatChunkChoice) -> str:
-        return sse_frame(ChatCompletionChunk(id=response_id, created=created, model=model,
-                                             choices=[choice]))
+    chunk = ChunkFrames(ChatCompletionChunk(id=response_id, created=created, model=model,
+                                            choices=[])).frame
 
     try:
         for index in range(n):

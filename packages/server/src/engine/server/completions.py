@@ -33,6 +33,7 @@ from engine.server.state import random_id, server_state
 from engine.server.streaming import (
     DONE_FRAME,
     ChoiceCursor,
+    ChunkFrames,
     ClientDisconnected,
     SSEResponse,
     cancel_on_disconnect,
@@ -158,6 +159,8 @@ async def _stream(streams: list[RequestStream], echo: _Echo, response_id: str, c
                   ) -> AsyncIterator[str]:
     cursors: dict[tuple[int, int], ChoiceCursor] = {}
     finals: dict[int, RequestOutput] = {}
+    frames = ChunkFrames(CompletionResponse(id=response_id, created=created, model=model,
+                                            choices=[]))
     try:
         async for prompt_index, output in merge_streams(streams):
             finals[prompt_index] = output
@@ -180,8 +183,7 @@ async def _stream(streams: list[RequestStream], echo: _Echo, response_id: str, c
                     prompt_token_ids=(output.prompt_token_ids
                                       if return_token_ids and not started else None),
                     token_ids=(delta.token_ids if delta else []) if return_token_ids else None)
-                yield sse_frame(CompletionResponse(id=response_id, created=created,
-                                                   model=model, choices=[choice]))
+                yield frames.frame(choice)
         if include_usage:
             yield sse_frame(CompletionResponse(
                 id=response_id, created=created, model=model, choices=[],
