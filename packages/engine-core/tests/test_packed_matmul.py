@@ -52,7 +52,8 @@ def test_packed_matmul_against_float64(dtype: torch.dtype, n: int, k: int) -> No
     bias = torch.randn(n, generator=gen).to(dtype)
     packed = NATIVE.pack_matmul_weight(weight)
     assert packed.shape == (packed_matmul_size(n, k),) and packed_matmul_size(n, k) % 32 == 0
-    # Row blocks of 12 whole and cut; 300 rows cross a pass of 256.
+    # One block, blocks of equal and unequal rows (13: 7 + 6, 25: 9 + 8 + 8), and 300 rows
+    # across a pass of 256.
     for rows in (4, 12, 13, 25, 300):
         x = torch.randn(rows, k + 6, generator=gen).to(dtype)[:, :k]  # rows k + 6 apart
         whole = torch.full((rows, n + 24), 7.0, dtype=dtype)
