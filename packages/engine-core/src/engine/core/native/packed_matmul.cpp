@@ -14,7 +14,8 @@
 // pass in ceil(rows / kRows) row blocks of (nearly) equal size, its (panel, row block)
 // items split statically over the threads, consecutive items sharing a panel. Equal
 // blocks took 5% off the products at 64 rows (6 blocks of 10-11 rows instead of five of
-// 12 and one of 4) and 2-3% at 40-250 rows (benchmarks/README.md, run 27). Sums are float32 in K order, bias added before the one rounding.
+// 12 and one of 4) and 2-3% at 40-250 rows (benchmarks/README.md, runs 27-30). Sums are
+// float32 in K order, bias added before the one rounding.
 // Built with AVX-512 (float32; bfloat16 also with avx512_bf16) only: the same loop in
 // AVX2's 16 registers (6 rows x 16 columns, a panel in two passes) ran at 0.84-0.90x
 // oneDNN's float32 matmul at 64 rows on a 2-core Zen 3 (0.98x with the next panel
@@ -147,14 +148,14 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_
   for (int64_t first = 0; first < M; first += kPassRows) {
     const int64_t rows = M - first < kPassRows ? M - first : kPassRows;
     const int64_t blocks = (rows + kRows - 1) / kRows;
+    // The pass's rows spread evenly over its blocks (64 rows: 11 11 11 11 10 10, not
+    // 12 12 12 12 12 4: a block of a few rows keeps too few sums in flight).
+    const int64_t base = rows / blocks, extra = rows % blocks;
     const int64_t items = panels * blocks;
     const int threads = static_cast<int>(items < num_threads ? items : num_threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t item = 0; item < items; ++item) {
-      // The pass's rows spread evenly over its blocks (64 rows: 11 11 11 11 10 10, not
-      // 12 12 12 12 12 4: a block of a few rows keeps too few sums in flight).
       const int64_t p = item / blocks, b = item % blocks;
-      const int64_t base = rows / blocks, extra = rows % blocks;
       const int64_t m = first + b * base + (b < extra ? b : extra);
       const int r = static_cast<int>(base + (b < extra ? 1 : 0));
       const int64_t columns = N - p * kPanel < kPanel ? N - p * kPanel : kPanel;
