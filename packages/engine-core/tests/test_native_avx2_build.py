@@ -22,17 +22,17 @@ from engine.core.native import library, native_kernels
 TESTS = Path(__file__).parent
 MODULES = ["test_attention_backends_cpu.py", "test_builtin_ops_cpu.py",
            "test_gguf_dequant_native.py", "test_linear_kernels.py", "test_packed_matmul.py",
-           "test_quantization_gguf.py"]
+           "test_quantization_gguf.py", "test_step_graph.py"]
 FLAGS = set(library._cpu_flags().split())
-# What the AVX2 build must report, checked before its tests run: float32 only (no packed
-# product), torch's int4 tiles of 32 rows.
+# What the AVX2 build must report, checked before its tests run: float32 only (its small
+# and packed products), torch's int4 tiles of 32 rows.
 CHECK = """
 import torch
 from engine.core import native
 from engine.core.quantization.gguf_kernels import int4pack_block
 k = native.load()
 assert k.small_matmul_dtypes == {torch.float32}, k.small_matmul_dtypes
-assert not k.packed_matmul_dtypes, k.packed_matmul_dtypes
+assert k.packed_matmul_dtypes == {torch.float32}, k.packed_matmul_dtypes
 assert int4pack_block() == 32, int4pack_block()
 """
 

@@ -14,10 +14,11 @@ from engine.sdk.linear_kernel import LinearKernelConfig
 NATIVE = native_kernels()
 BUILT = frozenset() if NATIVE is None else NATIVE.packed_matmul_dtypes
 pytestmark = pytest.mark.skipif(
-    not BUILT, reason="the packed kernel is built for AVX-512 CPUs only (oneDNN elsewhere)")
+    not BUILT, reason="the packed kernel is built for CPUs with AVX-512 or AVX2 and FMA only "
+    "(oneDNN elsewhere)")
 DTYPES = [pytest.param(dtype, marks=pytest.mark.skipif(
     dtype not in BUILT, reason=f"no packed {dtype} kernel on this CPU (float32 needs "
-    "AVX-512, bfloat16 also avx512_bf16)")) for dtype in (torch.float32, torch.bfloat16)]
+    "AVX-512 or AVX2 and FMA, bfloat16 avx512_bf16)")) for dtype in (torch.float32, torch.bfloat16)]
 #: The dtype the tests of the kernel's behaviour (not its sums) use: bfloat16 where built.
 DTYPE = torch.bfloat16 if torch.bfloat16 in BUILT else torch.float32
 needs_bfloat16 = pytest.mark.skipif(torch.bfloat16 not in BUILT,
@@ -52,8 +53,10 @@ def test_packed_matmul_against_float64(dtype: torch.dtype, n: int, k: int) -> No
     bias = torch.randn(n, generator=gen).to(dtype)
     packed = NATIVE.pack_matmul_weight(weight)
     assert packed.shape == (packed_matmul_size(n, k),) and packed_matmul_size(n, k) % 32 == 0
-    # One block, blocks of equal and unequal rows (13: 7 + 6, 25: 9 + 8 + 8), and 300 rows
-    # across a pass of 256.
+    # One block, blocks of equal and unequal rows (AVX-512's blocks of up to 12: 13 = 7 + 6,
+    # 25 = 9 + 8 + 8; AVX2's of up to 6: 13 = 5 + 4 + 4), and 300 rows across a pass of
+    # 256. n = 100, 40, 24: the last panel cut (AVX2: inside its second tile of 16 columns,
+    # or its second tile wholly past n).
     for rows in (4, 12, 13, 25, 300):
         x = torch.randn(rows, k + 6, generator=gen).to(dtype)[:, :k]  # rows k + 6 apart
         whole = torch.full((rows, n + 24), 7.0, dtype=dtype)

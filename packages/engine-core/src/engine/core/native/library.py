@@ -236,8 +236,8 @@ class NativeKernels:
         self._graph_run.argtypes = [_P, _I64, _I64]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
-        #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512,
-        #: bfloat16 also avx512_bf16); empty elsewhere.
+        #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512 or
+        #: AVX2 and FMA, bfloat16 avx512_bf16); empty elsewhere.
         self.small_matmul_dtypes = _dtypes_in(lib.engine_small_matmul_dtypes())
 
     def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,

@@ -1,25 +1,27 @@
 // Products of activation rows with a weight packed once into column panels (the `cpu`
 // linear kernel's path from SMALL_MATMUL_ROWS + 1 rows up): out [M, N] = x [M, K] W^T + bias.
 //
-// Packed layout: W [N, K] in panels of kPanel = 32 output columns (two registers of
-// float32 results), each panel K / P groups of 32 x P weights, P = 2 for bfloat16 (the
+// Packed layout: W [N, K] in panels of kPanel = 32 output columns, each panel kTiles tiles
+// of kColumns = two registers of float32 results (one tile of 32 with AVX-512, two of 16
+// with AVX2), each tile K / P groups of kColumns x P weights, P = 2 for bfloat16 (the
 // pairs avx512_bf16's dot product takes), 1 for float32:
-//     packed[panel][k / P][column][k % P] = W[panel * 32 + column][k]
-// with the columns past N in the last panel zero. A panel is one contiguous stream.
+//     packed[panel][tile][k / P][column][k % P] = W[panel * 32 + tile * kColumns + column][k]
+// with the columns past N in the last panel zero. A tile is one contiguous stream; the
+// size is the same on every CPU (ceil(N / 32) * 32 * K).
 //
-// The micro-kernel keeps up to kRows rows x 32 columns of float32 sums in registers: per
-// group it loads the panel's two registers once and, for each row, broadcasts the row's
-// P values and multiplies-accumulates into both (24 dot products per 2 loads and 12
+// The micro-kernel keeps up to kRows rows x one tile's columns of float32 sums in registers
+// (12 rows with AVX-512's 32 registers, 6 with AVX2's 16): per group it loads the tile's
+// two registers once and, for each row, broadcasts the row's P values and
+// multiplies-accumulates into both (2 * kRows dot products per 2 loads and kRows
 // broadcasts). Rows go in passes of kPassRows (the pass's activations stay in L2), each
-// pass in ceil(rows / kRows) row blocks of (nearly) equal size, its (panel, row block)
-// items split statically over the threads, consecutive items sharing a panel. Equal
+// pass in ceil(rows / kRows) row blocks of (nearly) equal size, its (tile, row block)
+// items split statically over the threads, consecutive items sharing a tile. Equal
 // blocks took 5% off the products at 64 rows (6 blocks of 10-11 rows instead of five of
 // 12 and one of 4) and 2-3% at 40-250 rows (benchmarks/README.md, runs 27-30). Sums are
 // float32 in K order, bias added before the one rounding.
-// Built with AVX-512 (float32; bfloat16 also with avx512_bf16) only: the same loop in
-// AVX2's 16 registers (6 rows x 16 columns, a panel in two passes) ran at 0.84-0.90x
-// oneDNN's float32 matmul at 64 rows on a 2-core Zen 3 (0.98x with the next panel
-// prefetched), so there oneDNN multiplies 4+ rows and this file builds no kernel.
+// Built for float32 with AVX-512 or AVX2 and FMA, bfloat16 with avx512_bf16. With AVX2 a
+// tile is 16 columns stored contiguously (an earlier loop that read half of a 32-column
+// panel's rows at a stride ran at 0.84-0.90x oneDNN on a 2-core Zen 3).
 //
 // Measured on a 2-core Zen 4 (avx512_bf16), the benchmark model's shapes, weights from
 // memory, bfloat16: 1.08-1.13x oneDNN's prepacked matmul at 64 rows (~400-430 GFLOP/s of
@@ -38,12 +40,20 @@ namespace {
 constexpr int64_t kPanel = 32;
 constexpr int64_t kPassRows = 256;
 
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
 
-// The micro-kernel's block: kRows rows x one panel's 32 columns of sums (two registers per
-// row), in registers with the two weight registers and a broadcast.
+// A tile's columns are two registers; a panel is kTiles tiles.
+constexpr int64_t kColumns = 2 * kF32Lanes;
+constexpr int64_t kTiles = kPanel / kColumns;
+// The micro-kernel's block: kRows rows x one tile's columns of sums (two registers per
+// row), in registers with the two weight registers and a broadcast: 27 of AVX-512's 32
+// registers, 15 of AVX2's 16.
+#if defined(__AVX512F__)
 constexpr int kRows = 12;
-static_assert(2 * kF32Lanes == kPanel, "a panel's columns are two registers");
+#else
+constexpr int kRows = 6;
+#endif
+static_assert(kTiles * kColumns == kPanel, "a panel is whole tiles");
 
 template <typename T>
 struct Panel;
@@ -55,7 +65,7 @@ struct Panel<float> {
   static Vec weights(const float* p) { return f32_load(p); }
   static Vec broadcast(const float* x) { return f32_broadcast(x); }
   static F32Vec madd(F32Vec acc, Vec x, Vec w) { return f32_fmadd(x, w, acc); }
-  // The panel's first n (1..kPanel) outputs.
+  // The tile's first n (1..kColumns) outputs.
   static void store(float* out, F32Vec lo, F32Vec hi, int64_t n) {
     f32_store_first(out, lo, n);
     if (n > kF32Lanes) f32_store_first(out + kF32Lanes, hi, n - kF32Lanes);
@@ -84,7 +94,7 @@ struct Panel<uint16_t> {  // bfloat16
   static void store(uint16_t* out, __m512 lo, __m512 hi, int64_t n) {
     // Round to nearest even; a NaN keeps being a NaN (its payload aside).
     const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-    if (n == kPanel) {  // a masked store is slower on some CPUs (Zen 4)
+    if (n == kColumns) {  // a masked store is slower on some CPUs (Zen 4)
       _mm512_storeu_si512(out, packed);
     } else {
       _mm512_mask_storeu_epi16(out, static_cast<__mmask32>((1u << n) - 1), packed);
@@ -98,7 +108,7 @@ inline __m512 bias_lanes(const uint16_t* b, int64_t n) {
 }
 #endif
 
-// out rows [0, R) x the panel's first n (1..kPanel) columns.
+// out rows [0, R) x the tile's first n (1..kColumns) columns.
 template <int R, typename T>
 void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias, T* out,
                 int64_t out_row, int64_t n) {
@@ -108,8 +118,8 @@ void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias,
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32_zero();
   for (int64_t g = 0; g < K / kPack; ++g) {
-    const auto w0 = P::weights(w + g * kPanel * kPack);
-    const auto w1 = P::weights(w + g * kPanel * kPack + kF32Lanes * kPack);
+    const auto w0 = P::weights(w + g * kColumns * kPack);
+    const auto w1 = P::weights(w + g * kColumns * kPack + kF32Lanes * kPack);
 #pragma GCC unroll 16
     for (int r = 0; r < R; ++r) {
       const auto xv = P::broadcast(x + r * x_row + g * kPack);
@@ -130,13 +140,13 @@ void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias,
 
 // panel_rows for rows (1..R) known only at run time.
 template <int R, typename T>
-void panel_block(int rows, const T* x, int64_t x_row, const T* panel, int64_t K, const T* bias,
+void panel_block(int rows, const T* x, int64_t x_row, const T* tile, int64_t K, const T* bias,
                  T* out, int64_t out_row, int64_t columns) {
   if constexpr (R > 0) {
     if (rows == R) {
-      panel_rows<R>(x, x_row, panel, K, bias, out, out_row, columns);
+      panel_rows<R>(x, x_row, tile, K, bias, out, out_row, columns);
     } else {
-      panel_block<R - 1>(rows, x, x_row, panel, K, bias, out, out_row, columns);
+      panel_block<R - 1>(rows, x, x_row, tile, K, bias, out, out_row, columns);
     }
   }
 }
@@ -144,24 +154,26 @@ void panel_block(int rows, const T* x, int64_t x_row, const T* panel, int64_t K,
 template <typename T>
 void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_t N, int64_t K,
                    const T* bias, T* out, int64_t out_row, int num_threads) {
-  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t tiles = (N + kPanel - 1) / kPanel * kTiles;
   for (int64_t first = 0; first < M; first += kPassRows) {
     const int64_t rows = M - first < kPassRows ? M - first : kPassRows;
     const int64_t blocks = (rows + kRows - 1) / kRows;
     // The pass's rows spread evenly over its blocks (64 rows: 11 11 11 11 10 10, not
     // 12 12 12 12 12 4: a block of a few rows keeps too few sums in flight).
     const int64_t base = rows / blocks, extra = rows % blocks;
-    const int64_t items = panels * blocks;
+    const int64_t items = tiles * blocks;
     const int threads = static_cast<int>(items < num_threads ? items : num_threads);
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t item = 0; item < items; ++item) {
-      const int64_t p = item / blocks, b = item % blocks;
+      const int64_t t = item / blocks, b = item % blocks;
+      const int64_t left = N - t * kColumns;  // a tile past N (all zero) is skipped
+      if (left <= 0) continue;
       const int64_t m = first + b * base + (b < extra ? b : extra);
       const int r = static_cast<int>(base + (b < extra ? 1 : 0));
-      const int64_t columns = N - p * kPanel < kPanel ? N - p * kPanel : kPanel;
-      panel_block<kRows, T>(r, x + m * x_row, x_row, packed + p * kPanel * K, K,
-                            bias != nullptr ? bias + p * kPanel : nullptr,
-                            out + m * out_row + p * kPanel, out_row, columns);
+      const int64_t columns = left < kColumns ? left : kColumns;
+      panel_block<kRows, T>(r, x + m * x_row, x_row, packed + t * kColumns * K, K,
+                            bias != nullptr ? bias + t * kColumns : nullptr,
+                            out + m * out_row + t * kColumns, out_row, columns);
     }
   }
 }
@@ -169,31 +181,31 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_
 template <typename T>
 void pack(const T* w, int64_t N, int64_t K, T* packed, int num_threads) {
   constexpr int64_t kPack = Panel<T>::kPack;
-  const int64_t panels = (N + kPanel - 1) / kPanel;
+  const int64_t tiles = (N + kPanel - 1) / kPanel * kTiles;
 #pragma omp parallel for schedule(static) num_threads(num_threads)
-  for (int64_t p = 0; p < panels; ++p) {
-    T* dst = packed + p * kPanel * K;
+  for (int64_t t = 0; t < tiles; ++t) {
+    T* dst = packed + t * kColumns * K;
     for (int64_t g = 0; g < K / kPack; ++g) {
-      for (int64_t c = 0; c < kPanel; ++c) {
-        const int64_t n = p * kPanel + c;
+      for (int64_t c = 0; c < kColumns; ++c) {
+        const int64_t n = t * kColumns + c;
         for (int64_t j = 0; j < kPack; ++j) {
-          dst[(g * kPanel + c) * kPack + j] = n < N ? w[n * K + g * kPack + j] : T{0};
+          dst[(g * kColumns + c) * kPack + j] = n < N ? w[n * K + g * kPack + j] : T{0};
         }
       }
     }
   }
 }
 
-#endif  // __AVX512F__
+#endif  // ENGINE_F32_SIMD
 
 }  // namespace
 
 extern "C" {
 
-// Bit i set: dtype code i has a kernel in this build: matmul_dtypes() with AVX-512, none
-// elsewhere (see the top of this file).
+// Bit i set: dtype code i has a kernel in this build: matmul_dtypes() with AVX-512 or AVX2
+// and FMA, none elsewhere (see the top of this file).
 int engine_packed_matmul_dtypes() {
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
   return matmul_dtypes();
 #else
   return 0;
@@ -204,7 +216,7 @@ int engine_packed_matmul_dtypes() {
 // for a dtype this build has no kernel for; 2 for K not a multiple of the dtype's group.
 int engine_pack_matmul_weight(int dtype, const void* w, int64_t N, int64_t K, void* packed,
                               int num_threads) {
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
   if (dtype == kBFloat16 && K % 2) return 2;
   return with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);
@@ -222,7 +234,7 @@ int engine_pack_matmul_weight(int dtype, const void* w, int64_t N, int64_t K, vo
 int engine_packed_matmul(int dtype, const void* x, int64_t x_row, int64_t M,
                          const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                          int64_t out_row, int num_threads) {
-#if defined(__AVX512F__)
+#if defined(ENGINE_F32_SIMD)
   if (dtype == kBFloat16 && K % 2) return 2;
   return with_matmul_dtype(dtype, [&](auto tag) {
     using T = decltype(tag);

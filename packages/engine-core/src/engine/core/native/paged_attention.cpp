@@ -211,6 +211,17 @@ inline void prefetch_block(const T* rows, const Shape& s) {
 // they ask for the next key block only, into L1.
 constexpr int kBlocksAhead = 4;
 
+// Value registers the weighted sum takes at a time for C registers a head and G query
+// heads: the most (a divisor of C) whose G x V accumulators, V values and a broadcast fit
+// in the vector registers (32 with AVX-512, 16 with AVX2).
+template <int C, int G>
+constexpr int VRegs() {
+  constexpr int kVectorRegs = kF32Lanes == 16 ? 32 : 16;
+  for (int v = C; v > 1; --v)
+    if (C % v == 0 && G * v + v + 1 <= kVectorRegs) return v;
+  return 1;
+}
+
 template <typename T, int C, int G>
 void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks, int pos,
                        int kvh, T* out, const Shape& s, bool alone,
@@ -271,7 +282,13 @@ void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks
   }
   prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);
   softmax_rows(scores, G, n);
-  F32Vec acc[G][C];
+  // The weighted sum of the values: G x C accumulators, V registers of each value row at a
+  // time (VRegs), all of them where they fit in the registers with the values and a
+  // broadcast (AVX-512); else (AVX2's 16 registers: 3 x 8 accumulators for 12 query heads
+  // over 4 KV heads of 64) a block's keys for V of the C registers at a time, the
+  // accumulators kept in L1 between blocks (the same sums in the same order).
+  constexpr int V = VRegs<C, G>();
+  alignas(64) F32Vec acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = f32_zero();
   for (int j = first; j <= pos;) {
@@ -280,15 +297,23 @@ void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks
     const int end = std::min(pos + 1, (block + 1) * s.block_size);
     if (block < last_block)
       prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, block + 1, kvh, s), s);
-    for (; j < end; ++j) {
-      const T* v = rows + (j % s.block_size) * s.c_tok;
-      F32Vec vv[C];
-      for (int c = 0; c < C; ++c) vv[c] = load_lanes(v + kF32Lanes * c);
-      for (int g = 0; g < G; ++g) {
-        const F32Vec p = f32_broadcast(&scores[g * n + (j - first)]);
-        for (int c = 0; c < C; ++c) acc[g][c] = f32_fmadd(p, vv[c], acc[g][c]);
+    for (int c0 = 0; c0 < C; c0 += V) {
+      F32Vec a[G][V];
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < V; ++c) a[g][c] = acc[g][c0 + c];
+      for (int i = j; i < end; ++i) {
+        const T* v = rows + (i % s.block_size) * s.c_tok + kF32Lanes * c0;
+        F32Vec vv[V];
+        for (int c = 0; c < V; ++c) vv[c] = load_lanes(v + kF32Lanes * c);
+        for (int g = 0; g < G; ++g) {
+          const F32Vec p = f32_broadcast(&scores[g * n + (i - first)]);
+          for (int c = 0; c < V; ++c) a[g][c] = f32_fmadd(p, vv[c], a[g][c]);
+        }
       }
+      for (int g = 0; g < G; ++g)
+        for (int c = 0; c < V; ++c) acc[g][c0 + c] = a[g][c];
     }
+    j = end;
   }
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c)
