@@ -24,13 +24,17 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 #: The variables that keep torch, oneDNN, MKL and the engine's kernels to AVX2.
 ISA_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2",
            "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ENGINE_CPU_KERNELS_MARCH": "haswell"}
+#: Where setup.sh unpacks llama.cpp, under the peers directory.
 LLAMA_CPP_SRC = Path("src/llama_cpp_python-0.3.36/vendor/llama.cpp")
+#: The llama.cpp tools bench.sh runs.
+TOOLS = ("llama-server", "llama-batched-bench")
 CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON",
                "-DGGML_AVX2=ON", "-DGGML_FMA=ON", "-DGGML_F16C=ON", "-DGGML_BMI2=ON",
                "-DGGML_AVX512=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AVX512_VNNI=OFF",
@@ -45,7 +49,7 @@ def build_llama_cpp(peers_home: Path) -> Path:
     source = peers_home / LLAMA_CPP_SRC
     build = source / "build-avx2"
     tools = build / "bin"
-    if not all((tools / t).exists() for t in ("llama-server", "llama-batched-bench")):
+    if not all((tools / t).exists() for t in TOOLS):
         if not source.is_dir():
             raise SystemExit(f"{source} does not exist: run ../shared/peers/setup.sh first")
         log = peers_home / "log_cmake_avx2.txt"
@@ -54,7 +58,7 @@ def build_llama_cpp(peers_home: Path) -> Path:
             subprocess.run(["cmake", "-S", str(source), "-B", str(build), *CMAKE_FLAGS],
                            stdout=out, stderr=subprocess.STDOUT, check=True)
             subprocess.run(["cmake", "--build", str(build), f"-j{os.cpu_count() or 1}",
-                            "--target", "llama-server", "llama-batched-bench"],
+                            "--target", *TOOLS],
                            stdout=out, stderr=subprocess.STDOUT, check=True)
     return tools
 
@@ -74,7 +78,7 @@ def peers_home(peers_home: Path) -> Path:
 
 def apply(peers_dir: Path) -> dict[str, str]:
     """Restrict this process (before torch loads) and return the peers' environment."""
-    if "torch" in __import__("sys").modules:
+    if "torch" in sys.modules:
         raise RuntimeError("isa_avx2.apply() must run before torch is imported")
     os.environ.update(ISA_ENV)
     site = str(HERE / "avx2_site")

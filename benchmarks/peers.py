@@ -42,11 +42,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import isa_avx2
+
 PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
 PEERS_HOME = Path(os.environ.get("ENGINE_PEERS", Path.home() / ".cache" / "engine-peers"))
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 64, 32, 128
 #: Where setup.sh builds llama.cpp's tools (``bench.sh``'s ``L``).
-LLAMA_CPP_BIN = PEERS_HOME / "src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
+LLAMA_CPP_BIN = PEERS_HOME / isa_avx2.LLAMA_CPP_SRC / "build" / "bin"
 DEFAULT_VOCAB = 49152  # SmolLM2's
 
 
@@ -165,8 +167,6 @@ def main() -> None:
                              "without AVX-512 (benchmarks/isa_avx2.py)")
     args = parser.parse_args()
     if args.isa == "avx2":
-        import isa_avx2
-
         PEERS_ENV.update(isa_avx2.apply(PEERS_HOME))
         if args.dtype == "auto":  # the engine's pick where the CPU has no native bfloat16
             args.dtype = "float32"

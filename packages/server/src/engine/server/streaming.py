@@ -57,13 +57,13 @@ class ChunkFrames:
     """
 
     def __init__(self, envelope: BaseModel) -> None:
-        whole = envelope.model_dump_json()
+        whole = sse_frame(envelope)
         marker = '"choices":[]'
         if whole.count(marker) != 1:
-            raise ValueError(f"the envelope must hold exactly one empty choices list: {whole}")
+            raise ValueError("the envelope must hold exactly one empty choices list: "
+                             f"{envelope.model_dump_json()}")
         cut = whole.index(marker) + len(marker) - 1
-        self._head = "data: " + whole[:cut]
-        self._tail = whole[cut:] + "\n\n"
+        self._head, self._tail = whole[:cut], whole[cut:]
 
     def frame(self, choice: BaseModel) -> str:
         """The frame of the chunk holding ``choice`` alone."""

@@ -288,7 +288,7 @@ void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks
   // over 4 KV heads of 64) a block's keys for V of the C registers at a time, the
   // accumulators kept in L1 between blocks (the same sums in the same order).
   constexpr int V = VRegs<C, G>();
-  alignas(64) F32Vec acc[G][C];
+  F32Vec acc[G][C];
   for (int g = 0; g < G; ++g)
     for (int c = 0; c < C; ++c) acc[g][c] = f32_zero();
   for (int j = first; j <= pos;) {
