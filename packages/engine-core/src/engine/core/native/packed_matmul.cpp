@@ -18,7 +18,9 @@
 // items split statically over the threads, consecutive items sharing a tile. Equal
 // blocks took 5% off the products at 64 rows (6 blocks of 10-11 rows instead of five of
 // 12 and one of 4) and 2-3% at 40-250 rows (benchmarks/README.md, runs 27-30). Sums are
-// float32 in K order, bias added before the one rounding.
+// float32 in K order, bias added before the one rounding. With AVX2 each block of a tile
+// also prefetches its share of the thread's next tile, spread over its groups: the first
+// block of a tile otherwise waits on memory (kPrefetchNextTile).
 // Built for float32 with AVX-512 or AVX2 and FMA, bfloat16 with avx512_bf16. With AVX2 a
 // tile is 16 columns stored contiguously (an earlier loop that read half of a 32-column
 // panel's rows at a stride ran at 0.84-0.90x oneDNN on a 2-core Zen 3).
@@ -52,6 +54,16 @@ constexpr int64_t kTiles = kPanel / kColumns;
 constexpr int kRows = 12;
 #else
 constexpr int kRows = 6;
+#endif
+// Whether a block prefetches part of the thread's next tile (see packed_matmul). With AVX2
+// the products of weights streamed from memory ran 1.14x faster at 64 rows and 1.5-1.8x
+// at 4-16 rows with it; with AVX-512 (float32 and bfloat16) 0.9-0.95x at 16-64 rows and
+// 0.6x at 8, as that loop's hardware prefetch already keeps up (2-core Zen 4, one build
+// for each, the benchmark model's layer shapes, 12 weight copies).
+#if defined(__AVX512F__)
+constexpr bool kPrefetchNextTile = false;
+#else
+constexpr bool kPrefetchNextTile = true;
 #endif
 static_assert(kTiles * kColumns == kPanel, "a panel is whole tiles");
 
@@ -108,16 +120,24 @@ inline __m512 bias_lanes(const uint16_t* b, int64_t n) {
 }
 #endif
 
-// out rows [0, R) x the tile's first n (1..kColumns) columns.
+// Cache lines of a later tile to bring into the cache while a block computes.
+struct Ahead {
+  const char* lines = nullptr;  // the first line
+  int64_t count = 0;
+};
+
+// out rows [0, R) x the tile's first n (1..kColumns) columns; meanwhile ahead's lines are
+// prefetched, spread evenly over the groups.
 template <int R, typename T>
 void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias, T* out,
-                int64_t out_row, int64_t n) {
+                int64_t out_row, int64_t n, Ahead ahead) {
   using P = Panel<T>;
   constexpr int64_t kPack = P::kPack;
+  const int64_t groups = K / kPack;
   F32Vec lo[R], hi[R];
 #pragma GCC unroll 16
   for (int r = 0; r < R; ++r) lo[r] = hi[r] = f32_zero();
-  for (int64_t g = 0; g < K / kPack; ++g) {
+  const auto group = [&](int64_t g) __attribute__((always_inline)) {
     const auto w0 = P::weights(w + g * kColumns * kPack);
     const auto w1 = P::weights(w + g * kColumns * kPack + kF32Lanes * kPack);
 #pragma GCC unroll 16
@@ -126,7 +146,17 @@ void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias,
       lo[r] = P::madd(lo[r], xv, w0);
       hi[r] = P::madd(hi[r], xv, w1);
     }
+  };
+  int64_t g = 0;
+  if (ahead.count > 0) {
+    const int64_t every = groups / ahead.count > 1 ? groups / ahead.count : 1;
+    for (int64_t line = 0; line < ahead.count; ++line) {
+      _mm_prefetch(ahead.lines + line * 64, _MM_HINT_T1);
+      const int64_t end = g + every < groups ? g + every : groups;
+      for (; g < end; ++g) group(g);
+    }
   }
+  for (; g < groups; ++g) group(g);
   F32Vec b0 = f32_zero(), b1 = f32_zero();
   if (bias != nullptr) {
     b0 = bias_lanes(bias, n < kF32Lanes ? n : kF32Lanes);
@@ -141,15 +171,18 @@ void panel_rows(const T* x, int64_t x_row, const T* w, int64_t K, const T* bias,
 // panel_rows for rows (1..R) known only at run time.
 template <int R, typename T>
 void panel_block(int rows, const T* x, int64_t x_row, const T* tile, int64_t K, const T* bias,
-                 T* out, int64_t out_row, int64_t columns) {
+                 T* out, int64_t out_row, int64_t columns, Ahead ahead) {
   if constexpr (R > 0) {
     if (rows == R) {
-      panel_rows<R>(x, x_row, tile, K, bias, out, out_row, columns);
+      panel_rows<R>(x, x_row, tile, K, bias, out, out_row, columns, ahead);
     } else {
-      panel_block<R - 1>(rows, x, x_row, tile, K, bias, out, out_row, columns);
+      panel_block<R - 1>(rows, x, x_row, tile, K, bias, out, out_row, columns, ahead);
     }
   }
 }
+
+// 64-byte lines in a tile of K groups (rounded up).
+inline int64_t tile_lines(int64_t K, int64_t bytes) { return (kColumns * K * bytes + 63) / 64; }
 
 template <typename T>
 void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_t N, int64_t K,
@@ -171,9 +204,18 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const T* packed, int64_
       const int64_t m = first + b * base + (b < extra ? b : extra);
       const int r = static_cast<int>(base + (b < extra ? 1 : 0));
       const int64_t columns = left < kColumns ? left : kColumns;
+      // The next tile (this thread's next, but at the end of its share) comes from memory
+      // while this tile's blocks run from the cache: block b prefetches its b-th part.
+      Ahead ahead;
+      if (kPrefetchNextTile && t + 1 < tiles && N - (t + 1) * kColumns > 0) {
+        const int64_t lines = tile_lines(K, sizeof(T));
+        const int64_t from = lines * b / blocks, to = lines * (b + 1) / blocks;
+        ahead = {reinterpret_cast<const char*>(packed + (t + 1) * kColumns * K) + from * 64,
+                 to - from};
+      }
       panel_block<kRows, T>(r, x + m * x_row, x_row, packed + t * kColumns * K, K,
                             bias != nullptr ? bias + t * kColumns : nullptr,
-                            out + m * out_row + t * kColumns, out_row, columns);
+                            out + m * out_row + t * kColumns, out_row, columns, ahead);
     }
   }
 }
