@@ -25,7 +25,8 @@ MODULES = ["test_attention_backends_cpu.py", "test_builtin_ops_cpu.py",
            "test_quantization_gguf.py", "test_step_graph.py"]
 FLAGS = set(library._cpu_flags().split())
 # What the AVX2 build must report, checked before its tests run: float32 only (its small
-# and packed products), torch's int4 tiles of 32 rows.
+# and packed products; float32 weights of bfloat16 values packed as bfloat16), torch's int4
+# tiles of 32 rows.
 CHECK = """
 import torch
 from engine.core import native
@@ -33,6 +34,7 @@ from engine.core.quantization.gguf_kernels import int4pack_block
 k = native.load()
 assert k.small_matmul_dtypes == {torch.float32}, k.small_matmul_dtypes
 assert k.packed_matmul_dtypes == {torch.float32}, k.packed_matmul_dtypes
+assert k.packs_float32_as_bfloat16
 assert int4pack_block() == 32, int4pack_block()
 """
 

@@ -136,3 +136,69 @@ def test_cpu_kernel_with_autograd_falls_back_to_f_linear() -> None:
     out.sum().backward()  # F.linear's graph, not the C++ kernels'
     assert x.grad is not None
     torch.testing.assert_close(x.grad, weight.sum(0).expand(8, 48))
+
+
+WIDENS = NATIVE is not None and NATIVE.packs_float32_as_bfloat16
+needs_widening = pytest.mark.skipif(
+    not WIDENS, reason="float32 weights are packed as bfloat16 by AVX2 builds only (AVX-512 "
+    "builds keep float32 panels; test_native_avx2_build runs this file on an AVX2 build)")
+
+
+@needs_widening
+@pytest.mark.parametrize(("n", "k"), [(64, 768), (100, 98), (40, 2), (24, 33)])  # last panel cut
+def test_float32_weight_of_bfloat16_values_packed_as_bfloat16_gives_the_same_sums(
+        n: int, k: int) -> None:
+    assert NATIVE is not None
+    gen = torch.Generator().manual_seed(n + k)
+    weight = torch.randn(n, k, generator=gen).bfloat16().float()  # a bf16 checkpoint in fp32
+    bias = torch.randn(n, generator=gen)
+    panels = NATIVE.pack_matmul_weight(weight)
+    halves = NATIVE.pack_matmul_weight(weight, as_bfloat16=True)
+    assert panels is not None and halves is not None
+    assert halves.dtype == torch.bfloat16 and halves.shape == panels.shape
+    for rows in (1, SMALL_MATMUL_ROWS, 4, 13, 300):
+        x = torch.randn(rows, k + 6, generator=gen)[:, :k]
+        for b in (bias, None):
+            want, got, picked = (torch.empty(rows, n) for _ in range(3))
+            NATIVE.packed_matmul(x, panels, n, b, want)
+            NATIVE.packed_matmul(x, halves, n, b, got)
+            NATIVE.matmul(x, weight, halves, b, picked)  # the panels at every row count
+            assert torch.equal(got, want) and torch.equal(picked, want), rows
+
+
+@needs_widening
+def test_float32_weight_with_other_values_is_not_packed_as_bfloat16() -> None:
+    assert NATIVE is not None
+    weight = torch.randn(40, 32).bfloat16().float()
+    weight[37, 31] = torch.nextafter(weight[37, 31], torch.tensor(2.0))  # one value, the last tile
+    assert NATIVE.pack_matmul_weight(weight, as_bfloat16=True) is None
+    with pytest.raises(ValueError, match="as_bfloat16 takes a float32 weight"):
+        NATIVE.pack_matmul_weight(weight.double(), as_bfloat16=True)
+
+
+@needs_widening
+def test_cpu_kernel_keeps_a_bfloat16_checkpoint_run_in_float32_as_bfloat16_panels() -> None:
+    weight = torch.randn(80, 48).bfloat16().float()
+    kernel, layer = cpu_kernel(weight)
+    assert kernel.panels is not None and kernel.panels.dtype == torch.bfloat16
+    bias = torch.randn(80)
+    outs = {}
+    for rows in (1, SMALL_MATMUL_ROWS, SMALL_MATMUL_ROWS + 1, 64):
+        x = torch.randn(rows, 48)
+        outs[rows] = x, kernel.apply(layer, x, bias)
+        torch.testing.assert_close(outs[rows][1], F.linear(x, weight, bias))
+    layer.weight.data.zero_()  # every row count reads the panels, not the dense weight
+    for x, out in outs.values():
+        assert torch.equal(kernel.apply(layer, x, bias), out)
+    other, _ = cpu_kernel(torch.randn(80, 48))  # float32 values: float32 panels
+    assert other.panels is not None and other.panels.dtype == torch.float32
+
+
+@pytest.mark.skipif(WIDENS or torch.float32 not in BUILT,
+                    reason="an AVX-512 build's refusal (AVX2 builds widen)")
+def test_avx512_builds_refuse_to_pack_float32_as_bfloat16() -> None:
+    assert NATIVE is not None
+    with pytest.raises(ValueError, match="AVX2 kernel for it"):
+        NATIVE.pack_matmul_weight(torch.randn(16, 32).bfloat16().float(), as_bfloat16=True)
+    kernel, _ = cpu_kernel(torch.randn(80, 48).bfloat16().float())
+    assert kernel.panels is not None and kernel.panels.dtype == torch.float32

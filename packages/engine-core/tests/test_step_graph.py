@@ -85,6 +85,48 @@ def test_the_graph_serves_small_steps_with_the_eager_tokens(
     assert calls["run stages=2"] >= 10 and calls["run stages=1"] >= 1
 
 
+@pytest.fixture(scope="module")
+def bfloat16_values_llama(tiny_llama: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The tiny Llama with every weight rounded to a bfloat16 value (stored as float32): what
+    a bfloat16 checkpoint is when run in float32."""
+    from safetensors.torch import load_file, save_file
+
+    path = tmp_path_factory.mktemp("bf16-values")
+    for item in tiny_llama.iterdir():
+        if item.name != "model.safetensors":
+            (path / item.name).write_bytes(item.read_bytes())
+    weights = load_file(tiny_llama / "model.safetensors")
+    save_file({name: t.bfloat16().float() for name, t in weights.items()},
+              path / "model.safetensors", metadata={"format": "pt"})
+    return path
+
+
+def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
+        bfloat16_values_llama: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where the build packs a float32 weight of bfloat16 values as bfloat16 (AVX2), the
+    graph gives exactly the eager pass's tokens and logprobs, and the tokens of float32
+    panels (those sum 1-3 rows on the dense weight, in another order: logprobs may differ
+    in float32's last bits)."""
+    assert NATIVE is not None
+    widens = NATIVE.packs_float32_as_bfloat16
+
+    def panels_dtype(llm: LLM) -> torch.dtype:
+        return runner_of(llm).model.layers[0].mlp.down_proj.quant_method.kernel.panels.dtype
+
+    got = {}
+    for name, options in (("graph", {}), ("eager", {"enforce_eager": True})):
+        with make_llm(bfloat16_values_llama, **options) as llm:
+            assert panels_dtype(llm) == (torch.bfloat16 if widens else torch.float32)
+            assert (runner_of(llm).step_graph is None) == (name == "eager")
+            got[name] = generate(llm)
+    monkeypatch.setattr(NATIVE, "packs_float32_as_bfloat16", False)
+    with make_llm(bfloat16_values_llama) as llm:
+        assert panels_dtype(llm) == torch.float32
+        plain = generate(llm)
+    assert got["graph"] == got["eager"]
+    assert [tokens for tokens, _, _ in got["graph"]] == [tokens for tokens, _, _ in plain]
+
+
 @pytest.mark.parametrize(("options", "reason"), [
     ({"enforce_eager": True}, "(--enforce-eager)"),
     ({"attention_backend": "torch"}, "the attention backend is 'torch', not 'cpu'"),

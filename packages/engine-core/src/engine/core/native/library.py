@@ -56,6 +56,9 @@ HEADERS = tuple(Path(__file__).with_name(name)
 COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+#: The products' code for float32 activations with weights packed as bfloat16
+#: (``pack_matmul_weight(..., as_bfloat16=True)``; packed_matmul.cpp's kWidened).
+WIDENED_CODE = 2
 #: GGUF types ``NativeKernels.gguf_dequant`` reads (ggml type code: bytes per 32 weights).
 GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 #: Most rows ``NativeKernels.small_matmul`` takes (``kMaxRows`` in small_matmul.cpp).
@@ -236,6 +239,10 @@ class NativeKernels:
         self._graph_run.argtypes = [_P, _I64, _I64]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
+        #: Whether a float32 weight whose values are all bfloat16 values can be packed as
+        #: bfloat16 (``pack_matmul_weight(..., as_bfloat16=True)``): AVX2 builds.
+        self.packs_float32_as_bfloat16 = bool(
+            lib.engine_packed_matmul_dtypes() >> WIDENED_CODE & 1)
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512 or
         #: AVX2 and FMA, bfloat16 avx512_bf16); empty elsewhere.
         self.small_matmul_dtypes = _dtypes_in(lib.engine_small_matmul_dtypes())
@@ -339,19 +346,37 @@ class NativeKernels:
         self._run_small_matmul("small_matmul_q8_0", self._small_matmul_q8_0, x,
                                (blocks.data_ptr(),), k, bias, out)
 
-    def pack_matmul_weight(self, weight: torch.Tensor) -> torch.Tensor:
+    def pack_matmul_weight(self, weight: torch.Tensor, *,
+                           as_bfloat16: bool = False) -> torch.Tensor | None:
         """``weight`` ``[N, K]`` (contiguous) packed into column panels for ``packed_matmul``.
 
         Returns a 1-D tensor of the weight's dtype (in ``packed_matmul_dtypes``) with
         ``packed_matmul_size(N, K)`` elements. bfloat16 needs K even (its pairs).
+
+        ``as_bfloat16`` (a float32 weight, where ``packs_float32_as_bfloat16``): the panels
+        hold the values as bfloat16, half the bytes, and multiply float32 activations with
+        the same sums bit for bit; None when some value is not a bfloat16 value (the
+        weight is then packed as float32 or not at all, the caller's choice).
         """
         n, k = weight.shape
-        self._check_packed_dtype("pack_matmul_weight", weight.dtype, k)
+        code = DTYPE_CODES.get(weight.dtype)
+        if as_bfloat16:
+            if weight.dtype != torch.float32 or not self.packs_float32_as_bfloat16:
+                raise ValueError(f"pack_matmul_weight: as_bfloat16 takes a float32 weight on "
+                                 f"a CPU with the AVX2 kernel for it; got {weight.dtype}, "
+                                 f"kernel built: {self.packs_float32_as_bfloat16}")
+            code = WIDENED_CODE
+        else:
+            self._check_packed_dtype("pack_matmul_weight", weight.dtype, k)
         _check_flat("pack_matmul_weight", ("weight", weight, weight.dtype, n * k))
-        packed = torch.empty(packed_matmul_size(n, k), dtype=weight.dtype)
-        _call("pack_matmul_weight", self._invoke("pack_matmul_weight", self._pack_matmul_weight,
-            DTYPE_CODES[weight.dtype], weight.data_ptr(), n, k, packed.data_ptr(),
-            torch.get_num_threads()))
+        packed = torch.empty(packed_matmul_size(n, k),
+                             dtype=torch.bfloat16 if as_bfloat16 else weight.dtype)
+        status = self._invoke("pack_matmul_weight", self._pack_matmul_weight, code,
+                              weight.data_ptr(), n, k, packed.data_ptr(),
+                              torch.get_num_threads())
+        if as_bfloat16 and status == 3:  # a value with float32 bits below bfloat16's
+            return None
+        _call("pack_matmul_weight", status)
         return packed
 
     def packed_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int,
@@ -359,14 +384,14 @@ class NativeKernels:
         """``out`` = ``x @ weight.T + bias`` with the weight as ``pack_matmul_weight`` left it.
 
         ``x``: ``[M, K]``, any M >= 1; ``out``: ``[M, n]``; rows of both contiguous;
-        ``bias``: ``[n]`` or None. One dtype. Sums in float32 over K in order, the bias
-        added before the one rounding to the dtype.
+        ``bias``: ``[n]`` or None. One dtype (bfloat16 ``packed`` for float32 ``x``: packed
+        ``as_bfloat16``). Sums in float32 over K in order, the bias added before the one
+        rounding to the dtype.
         """
         k = x.shape[1] if x.dim() == 2 else -1
-        self._check_packed_dtype("packed_matmul", x.dtype, k)
-        _check_flat("packed_matmul", ("packed", packed, x.dtype, packed_matmul_size(n, k)))
+        code = self._check_panels("packed_matmul", x.dtype, k, packed, n)
         self._run_small_matmul("packed_matmul", self._packed_matmul, x, (packed.data_ptr(),), k,
-                               bias, out, max_rows=None)
+                               bias, out, max_rows=None, code=code)
 
     def matmul(self, x: torch.Tensor, weight: torch.Tensor, panels: torch.Tensor | None,
                bias: torch.Tensor | None, out: torch.Tensor) -> None:
@@ -375,8 +400,10 @@ class NativeKernels:
         ``small_matmul`` on ``weight`` (``[N, K]``, contiguous) for 1 to
         ``SMALL_MATMUL_ROWS`` rows where its dtype is built, else ``packed_matmul`` on
         ``panels`` (``pack_matmul_weight(weight)``; None: only the small rows are taken).
-        What the ``cpu`` linear kernel calls: the choice is made in the library, so a
-        recorded step graph makes it again for each step's rows.
+        Panels packed ``as_bfloat16`` take every row count (at 1-3 rows they read half the
+        bytes the dense float32 weight would). What the ``cpu`` linear kernel calls: the
+        choice is made in the library, so a recorded step graph makes it again for each
+        step's rows.
         """
         n, k = weight.shape
         rows = out.shape[0]
@@ -386,12 +413,13 @@ class NativeKernels:
                              f"(panels); without it 1..{SMALL_MATMUL_ROWS} rows of "
                              f"{sorted(map(str, self.small_matmul_dtypes))}")
         _check_dense_weight("matmul", x.dtype, weight)
+        code = DTYPE_CODES[x.dtype]
         if panels is not None:
-            self._check_packed_dtype("matmul", x.dtype, k)
-            _check_flat("matmul", ("panels", panels, x.dtype, packed_matmul_size(n, k)))
+            code = self._check_panels("matmul", x.dtype, k, panels, n)
+        dense = None if code == WIDENED_CODE else weight.data_ptr()  # widened: panels only
         self._run_small_matmul("matmul", self._matmul, x, (
-            weight.data_ptr(), None if panels is None else panels.data_ptr()), k, bias, out,
-            max_rows=None)
+            dense, None if panels is None else panels.data_ptr()), k, bias, out,
+            max_rows=None, code=code)
 
     def copy_rows(self, src: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` = ``src``: ``[rows, ...]`` views whose rows (``t[i]``) are contiguous."""
@@ -442,6 +470,17 @@ class NativeKernels:
         status = entry(*args)
         return 0 if status is None else status
 
+    def _check_panels(self, kernel: str, dtype: torch.dtype, k: int, panels: torch.Tensor,
+                      n: int) -> int:
+        """The product's dtype code for ``dtype`` activations on these panels."""
+        if dtype == torch.float32 and panels.dtype == torch.bfloat16 and (
+                self.packs_float32_as_bfloat16):
+            _check_flat(kernel, ("panels", panels, torch.bfloat16, packed_matmul_size(n, k)))
+            return WIDENED_CODE
+        self._check_packed_dtype(kernel, dtype, k)
+        _check_flat(kernel, ("panels", panels, dtype, packed_matmul_size(n, k)))
+        return DTYPE_CODES[dtype]
+
     def _check_packed_dtype(self, kernel: str, dtype: torch.dtype, k: int) -> None:
         _check_supported(kernel, dtype, self.packed_matmul_dtypes)
         if k < 0 or (dtype == torch.bfloat16 and k % 2):
@@ -450,8 +489,10 @@ class NativeKernels:
 
     def _run_small_matmul(self, kernel: str, entry: Callable[..., int], x: torch.Tensor,
                           weights: tuple[int | None, ...], k: int, bias: torch.Tensor | None,
-                          out: torch.Tensor, max_rows: int | None = SMALL_MATMUL_ROWS) -> None:
-        """The checks and the call the products share (the weights checked by the caller)."""
+                          out: torch.Tensor, max_rows: int | None = SMALL_MATMUL_ROWS,
+                          code: int | None = None) -> None:
+        """The checks and the call the products share (the weights checked by the caller;
+        ``code``: the dtype code, when not ``x``'s own)."""
         rows, n = out.shape
         if rows < 1 or (max_rows is not None and rows > max_rows):
             raise ValueError(f"{kernel}: {rows} rows; supported: 1.."
@@ -463,7 +504,8 @@ class NativeKernels:
         if bias is not None:
             _check_rows(kernel, x.dtype, n, bias.view(1, -1))
         _call(kernel, self._invoke(kernel, entry,
-            DTYPE_CODES[x.dtype], x.data_ptr(), x.stride(0), rows, *weights, n, k,
+            DTYPE_CODES[x.dtype] if code is None else code, x.data_ptr(), x.stride(0), rows,
+            *weights, n, k,
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
             torch.get_num_threads()))
 
