@@ -2,11 +2,11 @@
 
 One prompt of 32 random token ids, 128 new tokens, greedy, EOS ignored, 2 threads, on the
 ``llama-100m`` checkpoint of ``../shared/peers/setup.sh`` (HF directory for the engine, its
-bf16 GGUF for llama.cpp; the engine at ``--dtype``, by default its pick for the CPU). Each round runs ``llama-batched-bench -npl 1`` (its TG rate:
-decode tokens/s), then the engine in a fresh process (``LLM``, EngineCore in its own
-process as by default): decode tokens/s as 127 over the time of a 128-token run less that
-of a 1-token run, best of 7 such pairs; then llama.cpp again. A round's ratio is the
-engine over the better of its two llama.cpp runs.
+bf16 GGUF for llama.cpp; the engine at ``--dtype``, by default its pick for the CPU). Each
+round runs ``llama-batched-bench -npl 1`` (its TG rate: decode tokens/s), then the engine in
+a fresh process (``LLM``, EngineCore in its own process as by default): decode tokens/s as
+127 over the time of a 128-token run less that of a 1-token run, best of 7 such pairs; then
+llama.cpp again. A round's ratio is the engine over the better of its two llama.cpp runs.
 
     .venv/bin/python benchmarks/batch_one.py [--rounds 8] [--enforce-eager] [--isa avx2]
 

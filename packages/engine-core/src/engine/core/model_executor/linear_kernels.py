@@ -27,9 +27,9 @@
   packed as bfloat16 and widened back in the loop (the float32 panels' sums bit for bit,
   from half the bytes); these panels serve every row count, 1-3 rows included (2.5x the
   float32 panels and ~1.9x the dense loop at 1 row, 1.05x the float32 panels at 64),
-  and the layer holds no float32 copy but its dense weight. A bfloat16 weight with an odd input size (no whole pairs) goes
-  to oneDNN; where the C++ is not built (no compiler, another CPU), ``onednn`` is chosen
-  instead.
+  and the layer holds no float32 copy but its dense weight. A bfloat16 weight with an
+  odd input size (no whole pairs) goes to oneDNN; where the C++ is not built (no
+  compiler, another CPU), ``onednn`` is chosen instead.
 
 All go through the same selection as third-party kernels: ``--linear-kernel NAME`` forces
 one, ``--disabled-kernels`` removes some.

@@ -491,8 +491,10 @@ class NativeKernels:
                           weights: tuple[int | None, ...], k: int, bias: torch.Tensor | None,
                           out: torch.Tensor, max_rows: int | None = SMALL_MATMUL_ROWS,
                           code: int | None = None) -> None:
-        """The checks and the call the products share (the weights checked by the caller;
-        ``code``: the dtype code, when not ``x``'s own)."""
+        """The checks and the call the products share (the weights checked by the caller).
+
+        ``code``: the dtype code the library is given, when not ``x``'s own.
+        """
         rows, n = out.shape
         if rows < 1 or (max_rows is not None and rows > max_rows):
             raise ValueError(f"{kernel}: {rows} rows; supported: 1.."
