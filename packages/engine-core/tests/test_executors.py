@@ -7,6 +7,7 @@ are real processes / actors.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import signal
@@ -299,6 +300,62 @@ def test_a_local_ray_start_that_times_out_is_retried_once(monkeypatch: pytest.Mo
     executor.ray = FakeRay(failures=2)
     with pytest.raises(Exception, match="timed out during startup"):
         executor._init_ray()
+
+
+def test_a_timed_out_ray_start_s_processes_are_reaped_before_any_collection(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ray's Node holds its processes in reference cycles that the failed start drops; a
+    collection running before the reaping (any allocation may start one) would warn
+    "subprocess N is still running" (failing this test) and leave the process to nobody."""
+    import subprocess
+
+    from engine.core.executor.ray_executor import RayExecutor
+
+    pids: list[int] = []
+
+    class Node:  # a cycle holding the process, as Ray's Node and its ProcessInfo do
+        def __init__(self, process: subprocess.Popen[bytes]) -> None:
+            self.me, self.process = self, process
+
+    class FakeRay:
+        calls = 0
+
+        def is_initialized(self) -> bool:
+            return False
+
+        def init(self, **kwargs: Any) -> None:
+            self.calls += 1
+            if self.calls == 1:
+                process = subprocess.Popen(
+                    [sys.executable, "-c", "import time; time.sleep(60)", "/x/ray/raylet"])
+                pids.append(process.pid)
+                Node(process)  # dropped at once: garbage only a collection finds
+                del process
+                raise Exception("The current node timed out during startup. ...")
+
+        def shutdown(self) -> None:
+            for _ in range(100):
+                [object()]  # allocations, each of which may start a collection
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    threshold = gc.get_threshold()
+    # A full collection at every allocation, where collecting is on (with the heap frozen,
+    # the oldest generation's "enough new objects" test always passes).
+    gc.freeze()
+    gc.set_threshold(1, 1, 1)
+    try:
+        executor = RayExecutor.__new__(RayExecutor)
+        executor.world_size = 2
+        executor.ray = FakeRay()
+        executor._init_ray()
+        assert executor.ray.calls == 2 and gc.isenabled()
+        with pytest.raises(ProcessLookupError):  # killed and reaped by the executor
+            os.kill(pids[0], 0)
+    finally:
+        gc.set_threshold(*threshold)
+        gc.unfreeze()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pids[0], signal.SIGKILL)
 
 
 def test_a_failed_ray_start_leaves_no_process_of_its_own_running() -> None:

@@ -192,21 +192,39 @@ class RayExecutor(Executor):
             logger.info("starting a local Ray instance (%d CPUs)", cpus)
             self._started_ray = True  # also when init fails half-way: shutdown() cleans up
             for attempt in (1, 2):
+                # No automatic collection until a failed start's processes are reaped: one
+                # run while the failure unwinds would reach the Popen objects of processes
+                # still running first (each warning "subprocess N is still running", seen
+                # in CI) and leave those processes to nobody.
+                collecting = gc.isenabled()
+                gc.disable()
                 try:
-                    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
-                    return
-                except Exception as exc:  # Ray raises a bare Exception for some of these
-                    if attempt == 2 or not is_ray_start_timeout(exc):
-                        raise
-                    # Ray waits a fixed time for its GCS and raylet processes (15-30 s); on
-                    # a loaded machine a start can miss that. A second start is cheap.
-                    # str(exc): a log record holding the exception would keep its frames,
-                    # and through them Ray's Popen objects, alive past the reaping below.
-                    logger.warning("the local Ray instance did not start in time (%s); "
-                                   "starting it once more", str(exc))
-                # Outside the except block, so the exception and its traceback are gone.
-                ray.shutdown()
-                _forget_killed_processes()
+                    if self._start_local_ray(cpus, last=attempt == 2):
+                        return
+                    ray.shutdown()
+                    _forget_killed_processes()
+                finally:
+                    if collecting:
+                        gc.enable()
+
+    def _start_local_ray(self, cpus: int, *, last: bool) -> bool:
+        """``ray.init`` of a local instance; whether it started.
+
+        False when it timed out and may be tried again (not ``last``); raises anything else.
+        """
+        try:
+            self.ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+            return True
+        except Exception as exc:  # Ray raises a bare Exception for some of these
+            if last or not is_ray_start_timeout(exc):
+                raise
+            # Ray waits a fixed time for its GCS and raylet processes (15-30 s); on a loaded
+            # machine a start can miss that. A second start is cheap. str(exc): a log
+            # record holding the exception would keep its frames, and through them Ray's
+            # Popen objects, alive past the caller's reaping.
+            logger.warning("the local Ray instance did not start in time (%s); starting it "
+                           "once more", str(exc))
+            return False
 
     def _get(self, rank: int, ref: Any, *, starting: bool = False) -> Any:
         """``ray.get(ref)``, raising a death as soon as it is seen, naming the rank."""
