@@ -83,8 +83,7 @@ def main() -> None:
     if args.isa == "avx2":  # the engine's process inherits the restriction
         isa_avx2.apply(PEERS_HOME)
         tools = isa_avx2.build_llama_cpp(PEERS_HOME)
-        if args.dtype == "auto":  # the engine's pick where the CPU has no native bfloat16
-            args.dtype = "float32"
+        args.dtype = isa_avx2.engine_dtype(args.dtype)
     model, gguf = PEERS_HOME / "llama-100m", PEERS_HOME / "gguf" / "llama-100m-bf16.gguf"
     if not model.is_dir():
         sys.exit(f"{model} does not exist: run `bash {PEERS_DIR}/setup.sh` first")

@@ -40,6 +40,8 @@ CMAKE_FLAGS = ["-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=OFF", "-DGGML_AVX=ON
                "-DGGML_AVX512=OFF", "-DGGML_AVX512_BF16=OFF", "-DGGML_AVX512_VNNI=OFF",
                "-DGGML_AVX_VNNI=OFF", "-DLLAMA_CURL=OFF", "-DLLAMA_OPENSSL=OFF",
                "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF"]
+#: ``--dtype auto`` as the engine resolves it on a CPU without native bfloat16.
+AUTO_DTYPE = "float32"
 #: What bench.sh reads from its peers directory (``$ENGINE_PEERS``), linked unchanged.
 SHARED = ("venv-vllm", "venv-hf", "gguf", "llama-100m", "tiny-llama")
 
@@ -85,3 +87,8 @@ def apply(peers_dir: Path) -> dict[str, str]:
     path = os.environ.get("PYTHONPATH")
     return {**os.environ, "ENGINE_PEERS": str(peers_home(peers_dir)),
             "PYTHONPATH": site if not path else f"{site}{os.pathsep}{path}"}
+
+
+def engine_dtype(dtype: str) -> str:
+    """The engine's ``--dtype`` under the restriction: ``auto`` as such a CPU resolves it."""
+    return AUTO_DTYPE if dtype == "auto" else dtype

@@ -168,8 +168,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.isa == "avx2":
         PEERS_ENV.update(isa_avx2.apply(PEERS_HOME))
-        if args.dtype == "auto":  # the engine's pick where the CPU has no native bfloat16
-            args.dtype = "float32"
+        args.dtype = isa_avx2.engine_dtype(args.dtype)
     model = PEERS_HOME / args.model
     rows: dict[str, dict[str, float | None]]
     if args.model == "default":

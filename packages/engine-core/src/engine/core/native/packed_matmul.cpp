@@ -225,13 +225,14 @@ void panel_block(int rows, const T* x, int64_t x_row, const W* tile, int64_t K, 
   }
 }
 
-// 64-byte lines in a tile of K groups (rounded up).
-inline int64_t tile_lines(int64_t K, int64_t bytes) { return (kColumns * K * bytes + 63) / 64; }
+// Tiles of an N-column weight: whole panels' worth (the last panel's columns past N zero).
+inline int64_t tiles_of(int64_t N) { return (N + kPanel - 1) / kPanel * kTiles; }
 
 template <typename P, typename T = typename P::Act, typename W = typename P::Weight>
 void packed_matmul(const T* x, int64_t x_row, int64_t M, const W* packed, int64_t N, int64_t K,
                    const T* bias, T* out, int64_t out_row, int num_threads) {
-  const int64_t tiles = (N + kPanel - 1) / kPanel * kTiles;
+  const int64_t tiles = tiles_of(N);
+  const int64_t tile_lines = (kColumns * K * static_cast<int64_t>(sizeof(W)) + 63) / 64;
   for (int64_t first = 0; first < M; first += kPassRows) {
     const int64_t rows = M - first < kPassRows ? M - first : kPassRows;
     const int64_t blocks = (rows + kRows - 1) / kRows;
@@ -252,8 +253,7 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const W* packed, int64_
       // while this tile's blocks run from the cache: block b prefetches its b-th part.
       Ahead ahead;
       if (kPrefetchNextTile && t + 1 < tiles && N - (t + 1) * kColumns > 0) {
-        const int64_t lines = tile_lines(K, sizeof(W));
-        const int64_t from = lines * b / blocks, to = lines * (b + 1) / blocks;
+        const int64_t from = tile_lines * b / blocks, to = tile_lines * (b + 1) / blocks;
         ahead = {reinterpret_cast<const char*>(packed + (t + 1) * kColumns * K) + from * 64,
                  to - from};
       }
@@ -267,7 +267,7 @@ void packed_matmul(const T* x, int64_t x_row, int64_t M, const W* packed, int64_
 template <typename P, typename T = typename P::Weight>
 void pack(const T* w, int64_t N, int64_t K, T* packed, int num_threads) {
   constexpr int64_t kPack = P::kPack;
-  const int64_t tiles = (N + kPanel - 1) / kPanel * kTiles;
+  const int64_t tiles = tiles_of(N);
 #pragma omp parallel for schedule(static) num_threads(num_threads)
   for (int64_t t = 0; t < tiles; ++t) {
     T* dst = packed + t * kColumns * K;
@@ -286,7 +286,7 @@ void pack(const T* w, int64_t N, int64_t K, T* packed, int num_threads) {
 // Returns false, the packing unfinished, if a value is not a bfloat16 value (its lower 16
 // bits not zero).
 bool pack_widened(const float* w, int64_t N, int64_t K, uint16_t* packed, int num_threads) {
-  const int64_t tiles = (N + kPanel - 1) / kPanel * kTiles;
+  const int64_t tiles = tiles_of(N);
   bool exact = true;
 #pragma omp parallel for schedule(static) num_threads(num_threads) reduction(&& : exact)
   for (int64_t t = 0; t < tiles; ++t) {
