@@ -135,9 +135,10 @@ def test_platform_claims_the_host_only_when_enabled(
 def test_plugins_list_shows_each_op_implementation(sdk1_plugin_dir: Path) -> None:
     listed = run_engine_cli(["plugins", "list", "--plugins", DIST], sdk1_plugin_dir)
     assert listed.returncode == 0, listed.stderr
-    assert ("  rms_norm                     engine_test_plugin_sdk1.ops:Sdk1RMSNorm "
-            f"({DIST} 1.0.0)  [default: an allowed replacement is used]") in listed.stdout
-    assert ("  silu_and_mul                 built-in "
+    assert ("  rms_norm = engine_test_plugin_sdk1.ops:Sdk1RMSNorm "
+            f"({DIST} 1.0.0)  [default: ranks first with a cpu path (priority 0, a third "
+            "party's over the engine's)]") in listed.stdout
+    assert ("  silu_and_mul = built-in "
             "engine.core.model_executor.layers.builtin_ops:SiluAndMul  [no replacement is "
             "installed]") in listed.stdout
     off = run_engine_cli(["plugins", "list", "--plugins", DIST, "--custom-ops=-rms_norm",

@@ -115,6 +115,12 @@ def test_custom_op_replaces_rms_norm_exactly(tiny_llama: Path, sdk1: Path,
         model = llm.llm_engine.core.worker.built.model
         assert type(model.norm).__name__ == "Sdk1RMSNorm"
     assert calls["rms_norm.call"] > 0
+    # Beside engine-kernels' rms_norm (no allowlist: every installed plugin allowed), as
+    # SDK 1.0's docs registered it: the engine starts and the CPU path is sdk1's.
+    with counting() as calls, sdk1_llm(tiny_llama, plugins=None) as llm:
+        assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "Sdk1RMSNorm"
+        assert greedy(llm) == reference
+    assert calls["rms_norm.call"] > 0
     with counting() as calls, sdk1_llm(tiny_llama, plugins="none") as llm:
         assert _built_in(llm.llm_engine.core.worker.built.model.norm)
         assert greedy(llm) == reference

@@ -63,6 +63,14 @@ def _catalog_with(*entries: PluginEntry) -> PluginCatalog:
 
 
 RMS = _entry("rms_norm", CountingRMSNorm)
+RMS_CUDA = _entry("rms_norm", CudaOnlyRMSNorm)
+
+
+def _select(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
+            dispatch_key: str = "native") -> dict[str, type]:
+    """Op -> the replacement class the worker would build it from."""
+    return {name: cls for name, (_, cls) in select_custom_ops(catalog, settings,
+                                                               dispatch_key).items()}
 
 
 def _uses(settings: CustomOpSettings, catalog: PluginCatalog | None = None) -> dict[str, bool]:
@@ -138,31 +146,33 @@ def test_the_plan_says_why() -> None:
 def test_select_imports_only_what_is_used(caplog: pytest.LogCaptureFixture) -> None:
     catalog = _catalog_with(RMS)
     with caplog.at_level(logging.INFO, "engine.worker"):
-        assert select_custom_ops(catalog, CustomOpSettings()) == {"rms_norm": CountingRMSNorm}
-    assert "rms_norm = " in caplog.text and "[default: an allowed replacement is used]" in (
-        caplog.text)
-    assert select_custom_ops(catalog, CustomOpSettings(("-rms_norm",))) == {}
+        assert _select(catalog, CustomOpSettings()) == {"rms_norm": CountingRMSNorm}
+    assert "rms_norm = " in caplog.text and (
+        "[default: ranks first (priority 0, a third party's over the engine's)]") in caplog.text
+    assert _select(catalog, CustomOpSettings(("-rms_norm",))) == {}
 
 
 def test_by_default_a_replacement_without_a_path_for_the_device_leaves_the_built_in(
         caplog: pytest.LogCaptureFixture) -> None:
-    catalog = _catalog_with(_entry("rms_norm", CudaOnlyRMSNorm))
+    catalog = _catalog_with(RMS_CUDA)
     with caplog.at_level(logging.INFO, "engine.worker"):
-        assert select_custom_ops(catalog, CustomOpSettings(), "cpu") == {}
+        assert _select(catalog, CustomOpSettings(), "cpu") == {}
     assert "rms_norm = built-in engine.core.model_executor.layers.builtin_ops:RMSNorm" in (
         caplog.text)
-    assert "has no cpu path of its own; --custom-ops +rms_norm uses it anyway" in caplog.text
+    assert (f"passed over: {RMS_CUDA.value} ({DIST} 1.0): it has no cpu path of its own"
+            in caplog.text)
+    assert "; --custom-ops +rms_norm=DISTRIBUTION forces one]" in caplog.text
     # Its own device, the reference key, or an item naming it: the replacement is used.
-    assert select_custom_ops(catalog, CustomOpSettings(), "cuda") == {
+    assert _select(catalog, CustomOpSettings(), "cuda") == {
         "rms_norm": CudaOnlyRMSNorm}
-    assert select_custom_ops(catalog, CustomOpSettings()) == {"rms_norm": CudaOnlyRMSNorm}
+    assert _select(catalog, CustomOpSettings()) == {"rms_norm": CudaOnlyRMSNorm}
     for items in (("+rms_norm",), ("all",)):
-        assert select_custom_ops(catalog, CustomOpSettings(items), "cpu") == {
+        assert _select(catalog, CustomOpSettings(items), "cpu") == {
             "rms_norm": CudaOnlyRMSNorm}
-    assert select_custom_ops(catalog, CustomOpSettings((), ("+rms_norm",), "acme"), "cpu") == {
+    assert _select(catalog, CustomOpSettings((), ("+rms_norm",), "acme"), "cpu") == {
         "rms_norm": CudaOnlyRMSNorm}
     # One with a CPU path of its own is used on the CPU by default.
-    assert select_custom_ops(_catalog_with(RMS), CustomOpSettings(), "cpu") == {
+    assert _select(_catalog_with(RMS), CustomOpSettings(), "cpu") == {
         "rms_norm": CountingRMSNorm}
 
 
@@ -170,15 +180,15 @@ def test_a_replacement_that_breaks_the_contract_names_its_distribution() -> None
     catalog = _catalog_with(_entry("rms_norm", NotAnRMSNorm))
     with pytest.raises(PluginError, match=rf"distribution {DIST} 1.0\): .*does not subclass "
                        r"engine.sdk.ops.RMSNormOp"):
-        select_custom_ops(catalog)
-    assert select_custom_ops(catalog, CustomOpSettings(("-rms_norm",))) == {}  # not used
+        _select(catalog)
+    assert _select(catalog, CustomOpSettings(("-rms_norm",))) == {}  # not used
 
 
 def test_an_entry_for_no_built_in_op_fails_unless_replacements_are_off() -> None:
     catalog = _catalog_with(_entry("fused_moe", CountingRMSNorm))
     with pytest.raises(PluginError, match="no built-in op named 'fused_moe'.*ops: rms_norm"):
-        select_custom_ops(catalog)
-    assert select_custom_ops(catalog, CustomOpSettings(("none",))) == {}
+        _select(catalog)
+    assert _select(catalog, CustomOpSettings(("none",))) == {}
 
 
 # -- through the engine -------------------------------------------------------------------

@@ -69,10 +69,13 @@ def test_plugin_for_another_sdk_major_is_refused_naming_both_versions(
     assert ">=2.0" in message and f"installed engine-plugin-sdk is {__version__}" in message
 
 
-def test_duplicate_name_from_two_distributions_is_an_error_naming_both(
+def test_duplicate_name_from_two_distributions_is_an_error_naming_both_when_used(
     plugins_on_path: Path,
 ) -> None:
     cat = catalog()
+    manifest = PluginManifest.from_catalog(cat)  # installing both stops no engine
+    assert {e.distribution for e in manifest.entries if e.name == "test_dup_policy"} == {
+        "engine-test-plugin-dup-a", "engine-test-plugin-dup-b"}
     with pytest.raises(PluginError) as info:
         cat.load(SCHEDULING_POLICIES, "test_dup_policy")
     message = str(info.value)
@@ -80,10 +83,16 @@ def test_duplicate_name_from_two_distributions_is_an_error_naming_both(
         f"plugin 'test_dup_policy' (group {SCHEDULING_POLICIES}, distributions "
         "engine-test-plugin-dup-a 0.1.0 and engine-test-plugin-dup-b 0.1.0): ")
     assert "not from an installed distribution" not in message
+    assert ("giving its class path instead of the name where you select it "
+            "(engine-test-plugin-dup-a's is engine_test_plugin_dup_a:Policy; "
+            "engine-test-plugin-dup-b's is engine_test_plugin_dup_b:Policy)") in message
     assert "keep one with ENGINE_PLUGINS=<distribution>" in message
     assert (info.value.plugin, info.value.group) == ("test_dup_policy", SCHEDULING_POLICIES)
-    with pytest.raises(PluginError, match="dup-a 0.1.0 and engine-test-plugin-dup-b 0.1.0"):
-        PluginManifest.from_catalog(cat)
+    # The class path picks one, and names its distribution.
+    entry = cat.resolve(SCHEDULING_POLICIES, "engine_test_plugin_dup_b:Policy")
+    assert entry.distribution == "engine-test-plugin-dup-b"
+    assert cat.load(SCHEDULING_POLICIES, "engine_test_plugin_dup_b:Policy").__module__ == (
+        "engine_test_plugin_dup_b")
 
 
 def test_allowlist_by_distribution_resolves_a_duplicate(plugins_on_path: Path) -> None:

@@ -107,6 +107,10 @@ class EngineConfig(BaseModel):
     scheduling_policy: str = Field(
         "fcfs", description="scheduling policy: fcfs, priority, or an engine.scheduling_"
         "policies name or module:Class")
+    model_impl: str = Field(
+        "auto", description="which implementation serves the checkpoint's architecture "
+        "when several are installed: auto (a plugin's model over the engine's own), engine "
+        "(the engine's own; vllm is accepted too), a distribution name, or module:Class")
     attention_backend: str | None = Field(
         None, description="attention backend (engine.attention_backends name or "
         "module:Class); default: the platform's choice")
@@ -164,7 +168,7 @@ class EngineConfig(BaseModel):
         "of several plugins with the same name")
 
     @field_validator("scheduler", "scheduling_policy", "attention_backend", "linear_kernel",
-                     "quantization", "kv_connector", "io_processor",
+                     "quantization", "kv_connector", "io_processor", "model_impl",
                      "structured_outputs_backend", mode="before")
     @classmethod
     def _class_to_reference(cls, value: Any) -> Any:
@@ -182,7 +186,7 @@ class EngineConfig(BaseModel):
         names = [self.scheduler, self.scheduling_policy, self.attention_backend,
                  self.linear_kernel, self.quantization, self.kv_connector, self.io_processor,
                  self.structured_outputs_backend, *self.logits_processors,
-                 *self.worker_extensions]
+                 *self.worker_extensions, self.model_impl if ":" in self.model_impl else None]
         return [name for name in names if name is not None]
 
     @field_validator("plugin_options")

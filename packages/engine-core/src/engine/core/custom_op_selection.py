@@ -1,211 +1,299 @@
-"""Which custom ops use a replacement: ``--custom-ops`` and the platform's ``custom_ops``.
+"""Which implementation each custom op is built from.
 
-Every built-in op (``engine.sdk.ops.BUILTIN_OPS``: ``rms_norm``, ``rotary_embedding``,
-``silu_and_mul``) is built from one class: the engine's built-in implementation
-(``engine.core.model_executor.layers.builtin_ops``: the contract's reference, with the
-engine's C++ kernels on the CPU) or the replacement that an allowed ``engine.custom_ops``
-entry registers under the op's name. Which one is decided by a list of items applied in
-order, a later item winning for the ops it names::
+Every implementation of an op is a candidate: the allowed ``engine.custom_ops`` entries
+named after it, from any distribution (engine-core's built-in and engine-kernels' Triton
+ops among them, installed beside any number of third parties' replacements), plus a class
+the operator names as ``+NAME=module:Class``. Nothing about several of them is an error at
+start-up. For each op, the items of ``engine.core.custom_op_items`` leave one mode:
 
-    (nothing)       every op that has an allowed replacement with a path of its own for
-                    the device uses it (one whose path there is the contract's reference,
-                    inherited, would only lose the built-in's kernels; the worker's log
-                    says so)
-    all             every op that has an allowed replacement uses it
-    none            no op uses a replacement
-    +NAME or NAME   NAME uses its replacement
-    -NAME           NAME uses the built-in
+* **default** (no item names the op): each candidate is imported and asked
+  ``is_supported(platform)`` (by default: does it have a path of its own for the device);
+  the eligible ones are ranked by ``priority`` (higher first), then a third party's before
+  the engine's own. A tie at the top between two third parties is an error that names both
+  and how to choose; nothing eligible leaves the built-in (the reference on a device it
+  has no kernels for).
+* **replace** (``all``, ``+NAME``): the same ranking over the replacements only (every
+  candidate but the built-in), eligible ones first; an ineligible one is used when it is
+  the only replacement (the operator asked for a replacement).
+* **pick** (``+NAME=CHOICE``): that distribution's implementation, or that class, whatever
+  its ``is_supported`` says (logged).
+* **builtin** (``-NAME``, ``none``): the built-in; replacements are not imported.
 
-The list is the platform's items (``PlatformConfig.custom_ops`` as
-``Platform.check_and_update_config`` left it; it starts as the operator's items) followed
-by the operator's ``--custom-ops``: **the operator's flag wins** for every op it names, and
-its ``all`` / ``none`` win for every op. Validation, before any weights load:
-
-* a NAME that is not a built-in op is an error listing the ops (naming the platform when
-  the platform set it);
-* ``+NAME`` from the operator with no allowed replacement installed is an error (it would
-  change nothing); from the platform it is ignored (a platform may enable ops generically).
-
-:class:`CustomOpSettings` holds both lists (``EngineSetup.custom_ops``);
-:func:`plan_custom_ops` reads metadata only (``engine plugins list`` shows it);
-:func:`select_custom_ops` imports and checks the replacements in use (the worker).
+Called in each worker while it builds the model (:func:`select_custom_ops`, which logs
+one INFO line with every op's implementation and why) and by ``engine plugins list``
+(:func:`plan_custom_ops`, which reports failures per op instead of raising).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Sequence
+from dataclasses import dataclass
 
+from engine.core.custom_op_items import (
+    BUILTIN_DISTRIBUTION,
+    OPERATOR,
+    CustomOpItem,
+    CustomOpSettings,
+    parse_custom_op_items,
+    resolve_settings,
+)
 from engine.core.plugins import PluginCatalog, PluginEntry
-from engine.sdk.errors import PluginError, ValidationError
+from engine.core.plugins._loader import plugin_error
+from engine.sdk.errors import PluginError
 from engine.sdk.groups import CUSTOM_OPS
 from engine.sdk.ops import BUILTIN_OPS, NATIVE, CustomOp, check_replacement
+from engine.sdk.platform import PlatformInfo
+from engine.sdk.support import Support
 
 logger = logging.getLogger("engine.worker")
 
-#: Where an item came from, as messages name it.
-OPERATOR = "--custom-ops"
-
 
 @dataclass(frozen=True)
-class CustomOpItem:
-    """One parsed item: ``op`` is a built-in op name, or ``None`` for ``all`` / ``none``."""
-
-    text: str
-    op: str | None
-    enable: bool
-    source: str
-
-
-def _ops_list() -> str:
-    return ", ".join(sorted(BUILTIN_OPS))
-
-
-def parse_custom_op_items(items: Iterable[str], *, source: str = OPERATOR
-                          ) -> list[CustomOpItem]:
-    """Parse ``all``, ``none``, ``+NAME``, ``NAME``, ``-NAME`` items.
-
-    Raises:
-        ValidationError: an empty item or an unknown op name, listing the ops
-            (``param="custom_ops"``).
-    """
-    parsed = []
-    for raw in items:
-        text = raw.strip()
-        where = (OPERATOR if source == OPERATOR
-                 else f"PlatformConfig.custom_ops as {source} set it")
-        if text in ("all", "none"):
-            parsed.append(CustomOpItem(text, None, text == "all", source))
-            continue
-        enable = not text.startswith("-")
-        name = text[1:] if text[:1] in "+-" and text else text
-        if name not in BUILTIN_OPS:
-            what = "an empty item" if not name else f"{text!r}: there is no op {name!r}"
-            raise ValidationError(
-                f"{where} has {what}; items are all, none, +NAME or -NAME with NAME one of "
-                f"the ops: {_ops_list()}", param="custom_ops")
-        parsed.append(CustomOpItem(text, name, enable, source))
-    return parsed
-
-
-@dataclass(frozen=True)
-class CustomOpSettings:
-    """The custom-op items of one engine: the platform's, then the operator's.
+class OpCandidate:
+    """One implementation of an op, as the choice saw it.
 
     Attributes:
-        operator: ``--custom-ops`` items (``EngineConfig.custom_ops``).
-        platform: ``PlatformConfig.custom_ops`` after ``check_and_update_config``.
-        platform_name: The platform that set ``platform``.
+        entry: Where it comes from.
+        priority: Its class's ``priority`` (None: not imported).
+        support: Its ``is_supported`` answer on the device (None: not asked).
     """
 
-    operator: tuple[str, ...] = ()
-    platform: tuple[str, ...] = ()
-    platform_name: str = ""
+    entry: PluginEntry
+    priority: int | None = None
+    support: Support | None = None
 
-    def items(self) -> list[CustomOpItem]:
-        """Every item in the order it applies: the platform's, then the operator's."""
-        source = f"platform {self.platform_name or '?'}"
-        return [*parse_custom_op_items(self.platform, source=source),
-                *parse_custom_op_items(self.operator)]
+    @property
+    def is_builtin(self) -> bool:
+        """Whether it is engine-core's built-in implementation."""
+        return self.entry.distribution == BUILTIN_DISTRIBUTION
 
-    def validate(self, catalog: PluginCatalog) -> None:
-        """Check every item (see the module docstring); reads metadata only.
-
-        Raises:
-            ValidationError: an unknown op name, or an operator's ``+NAME`` without an
-                allowed replacement, saying which replacements exist.
-        """
-        operator = parse_custom_op_items(self.operator)  # the operator's mistakes first:
-        self.items()  # the platform's list starts as a copy of the operator's
-        installed = set(catalog.names(CUSTOM_OPS))
-        for item in operator:
-            if item.enable and item.op is not None and item.op not in installed:
-                have = ", ".join(sorted(installed & set(BUILTIN_OPS))) or "none"
-                raise ValidationError(
-                    f"--custom-ops {item.text}: no allowed engine.custom_ops entry replaces "
-                    f"{item.op!r}, so there is nothing to enable (ops with an allowed "
-                    f"replacement: {have}); install one, or drop the item",
-                    param="custom_ops")
-
-
-def resolve_settings(operator: Sequence[str], platform_items: Sequence[str],
-                     platform_name: str, catalog: PluginCatalog) -> CustomOpSettings:
-    """The validated settings of one engine (``startup.prepare`` calls it).
-
-    Raises:
-        ValidationError: see :meth:`CustomOpSettings.validate`.
-    """
-    settings = CustomOpSettings(tuple(operator), tuple(platform_items), platform_name)
-    settings.validate(catalog)
-    return settings
+    @property
+    def label(self) -> str:
+        """``value (distribution version)``."""
+        return f"{self.entry.value} ({self.entry.provider})"
 
 
 @dataclass(frozen=True)
 class CustomOpChoice:
-    """What one op is built from.
+    """What one op is built from, and why.
 
     Attributes:
         name: The op.
-        replacement: The allowed ``engine.custom_ops`` entry for it, if one is installed.
-        use_replacement: Whether the op is built from ``replacement``.
-        reason: Why, in words (``"default"``, ``"--custom-ops -rms_norm"``, ...).
+        chosen: The implementation's entry (the built-in's for the built-in).
+        reason: Why, in words (``"--custom-ops: -rms_norm"``, ``"default: ..."``).
+        candidates: Every implementation considered, the chosen one included.
         by_default: No item named the op (the default rule decided).
+        error: Why no choice could be made (``plan_custom_ops(strict=False)`` only).
     """
 
     name: str
-    replacement: PluginEntry | None
-    use_replacement: bool
+    chosen: PluginEntry
     reason: str
+    candidates: tuple[OpCandidate, ...] = ()
     by_default: bool = False
+    error: str | None = None
+
+    @property
+    def use_replacement(self) -> bool:
+        """Whether the op is built from something other than the built-in."""
+        return self.chosen.distribution != BUILTIN_DISTRIBUTION
 
     @property
     def implementation(self) -> str:
         """``built-in engine.core...:RMSNorm`` or the replacement's value and provider."""
-        if self.use_replacement and self.replacement is not None:
-            return f"{self.replacement.value} ({self.replacement.provider})"
-        # Imported here: the front end plans ops too, and never imports worker code.
-        from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
-
-        builtin = BUILTIN_IMPLEMENTATIONS[self.name]
-        return f"built-in {builtin.__module__}:{builtin.__qualname__}"
+        if self.use_replacement:
+            return f"{self.chosen.value} ({self.chosen.provider})"
+        return f"built-in {self.chosen.value}"
 
 
-def _replacements(catalog: PluginCatalog) -> dict[str, PluginEntry]:
-    """The allowed entry of each op name (the first one where two conflict: resolve errs)."""
-    found: dict[str, PluginEntry] = {}
-    for entry in catalog.allowed(CUSTOM_OPS):
-        found.setdefault(entry.name, entry)
-    return found
+@dataclass
+class _Mode:
+    kind: str = "default"  # default | replace | pick | builtin
+    item: CustomOpItem | None = None
 
 
-def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings) -> list[CustomOpChoice]:
-    """Each built-in op's choice, from installed metadata and ``settings`` (no imports)."""
-    replacements = _replacements(catalog)
-    enabled = {name: (name in replacements, "default: an allowed replacement is used"
-                      if name in replacements else "no replacement is installed", True)
-               for name in sorted(BUILTIN_OPS)}
-    for item in settings.items():
-        by = item.source if item.source == OPERATOR else f"the {item.source}"
-        for name in ([item.op] if item.op is not None else list(enabled)):
-            if name not in replacements:
-                continue  # nothing to enable or disable: the built-in either way
-            enabled[name] = (item.enable, f"{by}: {item.text}", False)
-    return [CustomOpChoice(name, replacements.get(name), use, reason, by_default)
-            for name, (use, reason, by_default) in enabled.items()]
+def builtin_entry(catalog: PluginCatalog, op: str) -> PluginEntry:
+    """engine-core's entry for ``op`` (made from the built-in class if the catalog lacks it)."""
+    for entry in catalog.candidates(CUSTOM_OPS, op):
+        if entry.distribution == BUILTIN_DISTRIBUTION:
+            return entry
+    # Imported here: worker code (a catalog without engine-core's entries is a test's).
+    from engine.core._version import __version__
+    from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
+
+    cls = BUILTIN_IMPLEMENTATIONS[op]
+    return PluginEntry(CUSTOM_OPS, op, f"{cls.__module__}:{cls.__qualname__}",
+                       BUILTIN_DISTRIBUTION, __version__)
 
 
-def _own_path(name: str, cls: type[CustomOp], dispatch_key: str) -> bool:
-    """Whether ``cls`` runs code of its own with ``dispatch_key``.
+def _entries(catalog: PluginCatalog, op: str) -> list[PluginEntry]:
+    """Every allowed implementation of ``op``, the built-in first."""
+    builtin = builtin_entry(catalog, op)
+    return [builtin, *(e for e in catalog.candidates(CUSTOM_OPS, op)
+                       if e.distribution != BUILTIN_DISTRIBUTION)]
 
-    It does when it overrides that key's forward method or ``forward_native`` (which the
-    contract's other methods call).
+
+def _modes(catalog: PluginCatalog, settings: CustomOpSettings) -> dict[str, _Mode]:
+    """Each op's mode after every item (module docstring).
+
+    An item that cannot apply to an op (no replacement to enable, a platform's CHOICE that
+    is not installed) leaves its mode as it was.
     """
-    if dispatch_key == NATIVE:
-        return True
-    method = CustomOp.method_for(dispatch_key)
-    contract = BUILTIN_OPS[name]
-    return any(getattr(cls, m) is not getattr(contract, m) for m in (method, "forward_native"))
+    modes = {name: _Mode() for name in sorted(BUILTIN_OPS)}
+    for item in settings.items():
+        for name in [item.op] if item.op is not None else list(modes):
+            entries = _entries(catalog, name)
+            if item.choice is not None:
+                if ":" in item.choice or any(e.distribution == item.choice for e in entries):
+                    modes[name] = _Mode("pick", item)
+                continue
+            if not item.enable:
+                modes[name] = _Mode("builtin", item)
+            elif len(entries) > 1:
+                modes[name] = _Mode("replace", item)
+    return modes
+
+
+def _load(catalog: PluginCatalog, op: str, entry: PluginEntry) -> type[CustomOp]:
+    """Import ``entry`` and check it against the op's contract.
+
+    Raises:
+        PluginError: it does not import or breaks the contract, naming it.
+    """
+    cls: type[CustomOp] = catalog.load_resolved(entry)
+    support = check_replacement(op, cls)
+    if not support.ok:
+        raise plugin_error(entry, support.reason)
+    return cls
+
+
+def _ask(entry: PluginEntry, cls: type[CustomOp], platform: PlatformInfo | None) -> Support:
+    """``cls.is_supported(platform)``; everything runs its own code with the native key."""
+    if platform is None:
+        return Support.yes()
+    try:
+        answer = cls.is_supported(platform)
+    except Exception as exc:
+        raise plugin_error(entry, f"is_supported() raised {type(exc).__name__}: {exc}") from exc
+    if not isinstance(answer, Support):
+        raise plugin_error(entry, f"is_supported() must return engine.sdk.Support, got "
+                                  f"{answer!r}")
+    return answer
+
+
+def _rank(candidates: Sequence[OpCandidate]) -> list[OpCandidate]:
+    """Eligible first, then by priority, then a third party's before the engine's own."""
+    return sorted(candidates, key=lambda c: (
+        not (c.support is None or c.support.ok), -(c.priority or 0), c.entry.is_first_party,
+        c.entry.distribution or "", c.entry.value))
+
+
+def _tied(first: OpCandidate, other: OpCandidate) -> bool:
+    return ((other.support is None or other.support.ok) == (first.support is None
+                                                          or first.support.ok)
+            and other.priority == first.priority
+            and other.entry.is_first_party == first.entry.is_first_party)
+
+
+def _choose(op: str, ranked: list[OpCandidate], device: str) -> OpCandidate:
+    """The first of ``ranked``; two third parties tied for first are the operator's call.
+
+    Raises:
+        PluginError: the tie, naming both and the items that choose.
+    """
+    first = ranked[0]
+    tied = [c for c in ranked if _tied(first, c)]
+    if len(tied) > 1 and not first.entry.is_first_party:
+        choices = " or ".join(f"--custom-ops +{op}={c.entry.distribution or c.entry.value}"
+                              for c in tied)
+        raise PluginError(
+            f"op {op!r} has {len(tied)} replacements of equal standing for the {device} "
+            f"(priority {first.priority}, each with a path of its own): "
+            f"{', '.join(c.label for c in tied)}. Choose one with {choices} (or -{op} for "
+            f"the built-in), or keep one distribution with ENGINE_PLUGINS",
+            plugin=op, group=CUSTOM_OPS)
+    return first
+
+
+def _default_reason(chosen: OpCandidate, ranked: list[OpCandidate], device: str) -> str:
+    if len(ranked) == 1:
+        return "no replacement is installed"
+    eligible = chosen.support is None or chosen.support.ok
+    path = "" if device == NATIVE else f" with a {device} path"
+    over = ", a third party's over the engine's" if not chosen.entry.is_first_party else ""
+    head = (f"the only implementation{path}" if eligible and sum(
+        c.support is None or c.support.ok for c in ranked) == 1
+        else f"ranks first{path} (priority {chosen.priority}{over})" if eligible
+        else f"no implementation has a {device} path of its own")
+    passed = [f"{c.entry.value} ({c.entry.provider}): {c.support.reason}" for c in ranked
+              if c.support is not None and not c.support.ok]
+    hint = f"; --custom-ops +{ranked[0].entry.name}=DISTRIBUTION forces one" if passed else ""
+    return f"default: {head}" + (f"; passed over: {'; '.join(passed)}{hint}" if passed else "")
+
+
+def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo | None,
+            device: str) -> CustomOpChoice:
+    item = mode.item
+    by = ("" if item is None else
+          f"{item.source}: {item.text}" if item.source == OPERATOR
+          else f"the {item.source}: {item.text}")
+    entries = _entries(catalog, op)
+    if mode.kind == "builtin":
+        return CustomOpChoice(op, entries[0], by, (OpCandidate(entries[0]),))
+    if mode.kind == "pick" and item is not None and item.choice is not None:
+        picked = ([e for e in entries if e.distribution == item.choice]
+                  or [catalog.resolve(CUSTOM_OPS, item.choice)])[0]
+        cls = _load(catalog, op, picked)
+        cand = OpCandidate(picked, cls.priority, _ask(picked, cls, platform))
+        note = "" if cand.support is None or cand.support.ok else (
+            f" (used although it says: {cand.support.reason})")
+        return CustomOpChoice(op, picked, by + note, (cand,))
+    candidates = []
+    for entry in entries:
+        cls = _load(catalog, op, entry)
+        candidates.append(OpCandidate(entry, cls.priority, _ask(entry, cls, platform)))
+    pool = [c for c in candidates if not c.is_builtin] if mode.kind == "replace" else candidates
+    ranked = _rank(pool)
+    chosen = _choose(op, ranked, device)
+    reason = by if mode.kind == "replace" else _default_reason(chosen, _rank(candidates),
+                                                               device)
+    return CustomOpChoice(op, chosen.entry, reason, tuple(candidates),
+                          by_default=mode.kind == "default")
+
+
+def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
+                    dispatch_key: str = NATIVE, platform: PlatformInfo | None = None, *,
+                    strict: bool = True) -> list[CustomOpChoice]:
+    """Each built-in op's choice under ``settings`` (module docstring).
+
+    Args:
+        catalog: The plugins.
+        settings: The items (default: none).
+        dispatch_key: The device type the ops are built for; ``"native"`` (the
+            reference everywhere) asks no ``is_supported``.
+        platform: The device's info for ``is_supported`` (default: one made from
+            ``dispatch_key``).
+        strict: Raise the first failure (the worker); False: record it in the op's
+            ``error`` and leave the built-in (``engine plugins list``).
+
+    Raises:
+        PluginError: (strict) an implementation that must be imported fails to, breaks
+            its op's contract, or ties with another third party's.
+    """
+    settings = settings or CustomOpSettings()
+    if platform is None and dispatch_key != NATIVE:
+        platform = PlatformInfo(name=dispatch_key, device_type=dispatch_key)
+    choices = []
+    for op, mode in _modes(catalog, settings).items():
+        try:
+            choices.append(_decide(catalog, op, mode, platform, dispatch_key))
+        except PluginError as exc:
+            if strict:
+                raise
+            choices.append(CustomOpChoice(op, builtin_entry(catalog, op), "not decided",
+                                          error=str(exc)))
+    return choices
 
 
 def _unknown_replacements(catalog: PluginCatalog, settings: CustomOpSettings
@@ -219,43 +307,42 @@ def _unknown_replacements(catalog: PluginCatalog, settings: CustomOpSettings
 
 
 def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
-                      dispatch_key: str = NATIVE) -> dict[str, type[CustomOp]]:
-    """The replacement class of every op that uses one, imported and checked.
+                      dispatch_key: str = NATIVE, platform: PlatformInfo | None = None,
+                      ) -> dict[str, tuple[PluginEntry, type[CustomOp]]]:
+    """The entry and class of every op that uses a replacement, imported and checked.
 
     Called: in each worker, once, while the model is built with ``dispatch_key`` (the
     platform's device type). Logs one INFO line saying what every op is built from.
 
     Raises:
-        PluginError: a replacement in use fails to import, breaks its op's contract
-            (``check_replacement``), or is registered under a name that is no built-in
-            op, naming the plugin and its distribution.
+        PluginError: an implementation that must be imported fails to or breaks its op's
+            contract, two third parties tie for an op, or an entry is registered under a
+            name that is no built-in op; each names the plugin and its distribution.
     """
     settings = settings or CustomOpSettings()
     for entry in _unknown_replacements(catalog, settings):
-        raise PluginError(f"there is no built-in op named {entry.name!r} to replace; ops: "
-                          f"{_ops_list()}", plugin=entry.name, group=CUSTOM_OPS,
-                          distribution=entry.distribution, version=entry.version)
-    ops: dict[str, type[CustomOp]] = {}
-    choices = plan_custom_ops(catalog, settings)
-    for i, choice in enumerate(choices):
-        if not choice.use_replacement:
-            continue
-        entry = catalog.resolve(CUSTOM_OPS, choice.name)  # raises on a conflict
-        cls = catalog.load(CUSTOM_OPS, choice.name)
-        support = check_replacement(choice.name, cls)
-        if not support.ok:
-            raise PluginError(support.reason, plugin=entry.name, group=CUSTOM_OPS,
-                              distribution=entry.distribution, version=entry.version)
-        if choice.by_default and not _own_path(choice.name, cls, dispatch_key):
-            choices[i] = replace(choice, use_replacement=False, reason=(
-                f"default: {entry.value} ({entry.provider}) has no {dispatch_key} path of its "
-                f"own; --custom-ops +{choice.name} uses it anyway"))
-            continue
-        ops[choice.name] = cls
+        raise plugin_error(entry, f"there is no built-in op named {entry.name!r} to replace; "
+                                  f"ops: {', '.join(sorted(BUILTIN_OPS))}")
+    choices = plan_custom_ops(catalog, settings, dispatch_key, platform)
     logger.info("custom ops: %s", "; ".join(
         f"{c.name} = {c.implementation} [{c.reason}]" for c in choices))
-    return ops
+    return {c.name: (c.chosen, catalog.load_resolved(c.chosen)) for c in choices
+            if c.use_replacement}
 
 
-__all__ = ["OPERATOR", "CustomOpChoice", "CustomOpItem", "CustomOpSettings",
-           "parse_custom_op_items", "plan_custom_ops", "resolve_settings", "select_custom_ops"]
+def describe_candidates(choice: CustomOpChoice) -> list[str]:
+    """One line per candidate of ``choice``: its label, priority and eligibility."""
+    lines = []
+    for cand in choice.candidates:
+        mark = "*" if cand.entry == choice.chosen else " "
+        facts = [] if cand.priority is None else [f"priority {cand.priority}"]
+        if cand.support is not None:
+            facts.append("eligible" if cand.support.ok else f"not eligible: "
+                                                           f"{cand.support.reason}")
+        lines.append(f"{mark} {cand.label}" + (f"  ({'; '.join(facts)})" if facts else ""))
+    return lines
+
+
+__all__ = ["OPERATOR", "CustomOpChoice", "CustomOpItem", "CustomOpSettings", "OpCandidate",
+           "builtin_entry", "describe_candidates", "parse_custom_op_items", "plan_custom_ops",
+           "resolve_settings", "select_custom_ops"]

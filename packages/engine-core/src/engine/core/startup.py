@@ -26,6 +26,7 @@ from engine.core.model_loader import (
     load_generation_defaults,
     resolve_model,
 )
+from engine.core.model_selection import architectures_of, choose_model
 from engine.core.platforms import select_platform
 from engine.core.plugin_options import check_option_targets, check_unused_options
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
@@ -167,6 +168,11 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     source = resolve_model(config.model, load_format=config.load_format,
                            tokenizer=config.tokenizer)
     hf_config = load_config(source)
+    model = choose_model(catalog, architectures_of(hf_config), config.model_impl)
+    if len(model.candidates) > 1 and process == "frontend":
+        logger.info("model %s: %s (%s) [%s]; candidates: %s", model.architecture,
+                    model.entry.value, model.entry.provider, model.reason,
+                    ", ".join(f"{e.value} ({e.provider})" for e in model.candidates))
     check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
     dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
     check_kv_cache_dtype(config.kv_cache_dtype, str(dtype).removeprefix("torch."))

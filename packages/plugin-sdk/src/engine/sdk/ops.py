@@ -37,13 +37,16 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import Any, ClassVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, overload
 
 import torch
 import torch.nn.functional as F
 
 from engine.sdk.plugin import Plugin
 from engine.sdk.support import Support
+
+if TYPE_CHECKING:
+    from engine.sdk.platform import PlatformInfo
 
 #: Dispatch key that selects ``forward_native`` whatever the device.
 NATIVE = "native"
@@ -60,12 +63,21 @@ class CustomOp(Plugin, torch.nn.Module, ABC):
     Attributes:
         name: The op's name (``"rms_norm"``, ...), the entry-point name in
             ``engine.custom_ops`` a replacement is registered under.
+        priority: Rank among the implementations of the op that can run on the device
+            (:meth:`is_supported`): the higher wins. At equal priority a third party's
+            implementation wins over the engine's own (engine-core's built-ins and
+            engine-kernels' are 0), and two third parties' need the operator's choice
+            (``--custom-ops +NAME=DISTRIBUTION``). Default 0: a replacement you install is
+            used wherever it has a path of its own. A negative priority makes it a fallback
+            that the engine's own implementations beat.
         dispatch_key: The key this instance was built with.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``priority`` and ``is_supported``.
     """
 
     name: ClassVar[str] = ""
+    priority: ClassVar[int] = 0
 
     def __init__(self, *, dispatch_key: str = NATIVE) -> None:
         """Choose the forward implementation for ``dispatch_key``, once.
@@ -90,6 +102,36 @@ class CustomOp(Plugin, torch.nn.Module, ABC):
         .. versionadded:: 1.1
         """
         return _METHOD_BY_KEY.get(dispatch_key, "forward_oot")
+
+    @classmethod
+    def is_supported(cls, platform: PlatformInfo) -> Support:
+        """Whether this implementation is a candidate for its op on ``platform``.
+
+        Called: by the engine in the worker while it builds the model, once per op
+        implementation installed (and by ``engine plugins list``), before any instance
+        exists. A ``no`` keeps the class out of the default choice, with the reason in the
+        worker's log; the operator can still force it (``--custom-ops +NAME=...``).
+
+        Default: yes when the class has code of its own for ``platform.device_type``: it
+        overrides that device's forward method (:meth:`method_for`) or ``forward_native``,
+        compared with the contract it subclasses. A class that inherits both would only run
+        the contract's reference there. Override to refuse for other reasons (a missing
+        instruction set, library or dtype), calling ``super().is_supported(platform)`` first.
+
+        Args:
+            platform: The device the model runs on.
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        .. versionadded:: 1.1
+        """
+        contract = next((c for c in cls.__mro__ if c in _CONTRACTS), CustomOp)
+        method = cls.method_for(platform.device_type)
+        if any(getattr(cls, m) is not getattr(contract, m) for m in (method, "forward_native")):
+            return Support.yes()
+        return Support.no(f"it has no {platform.device_type} path of its own ({method} "
+                          f"and forward_native are {contract.__qualname__}'s reference)")
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the implementation chosen at construction (see the subclass's contract)."""
@@ -136,6 +178,7 @@ class RMSNormOp(CustomOp):
         eps: Added to the mean square.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``priority``.
     """
 
     name: ClassVar[str] = "rms_norm"
@@ -221,6 +264,7 @@ class RotaryEmbeddingOp(CustomOp):
             the first half of the last dimension, sines in the second.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``priority``.
     """
 
     name: ClassVar[str] = "rotary_embedding"
@@ -331,6 +375,7 @@ class SiluAndMulOp(CustomOp):
     Must: not modify ``x``.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``priority``.
     """
 
     name: ClassVar[str] = "silu_and_mul"
@@ -351,6 +396,8 @@ class SiluAndMulOp(CustomOp):
 BUILTIN_OPS: Mapping[str, type[CustomOp]] = {
     op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp)
 }
+
+_CONTRACTS = frozenset(BUILTIN_OPS.values())
 
 
 def check_replacement(name: str, cls: object) -> Support:

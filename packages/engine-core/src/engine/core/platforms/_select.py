@@ -23,7 +23,7 @@ def select_platform(catalog: PluginCatalog) -> type[Platform]:
     """Run the detectors of ``catalog`` and choose (see the module docstring)."""
     claims: list[tuple[str, bool, type[Platform], str]] = []
     for entry in catalog.allowed(PLATFORMS):
-        detector = catalog.load(PLATFORMS, entry.name)
+        detector = catalog.load_resolved(entry)
         try:
             result = detector()
         except Exception as exc:

@@ -12,13 +12,21 @@ from engine.core.plugins._catalog import (
     set_catalog,
 )
 from engine.core.plugins._compat import Compatibility, load_and_check
-from engine.core.plugins._entry import BUILTIN_DISTRIBUTIONS, PluginEntry, normalize_dist_name
+from engine.core.plugins._entry import (
+    BUILTIN_DISTRIBUTIONS,
+    FIRST_PARTY_DISTRIBUTIONS,
+    PluginEntry,
+    normalize_dist_name,
+)
 from engine.core.plugins._loader import import_object, load_entry
 from engine.core.plugins._manifest import ManifestEntry, PluginManifest
+from engine.core.plugins._precedence import TARGET_GROUPS
 
 __all__ = [
     "BUILTIN_DISTRIBUTIONS",
     "ENV_VAR",
+    "FIRST_PARTY_DISTRIBUTIONS",
+    "TARGET_GROUPS",
     "Allowlist",
     "CatalogRow",
     "Compatibility",

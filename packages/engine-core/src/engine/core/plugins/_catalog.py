@@ -4,8 +4,10 @@ One catalog per process (:func:`get_catalog`) reads ``importlib.metadata`` once 
 ``(group, name) -> entry`` without importing any plugin code. Loading is lazy and validated
 (:mod:`engine.core.plugins._loader`). The rules:
 
-* two distributions providing the same ``(group, name)`` is an error naming both, raised
-  when that name is selected or the manifest is built (the allowlist can pick one of them);
+* several distributions may provide the same ``(group, name)``: in ``engine.custom_ops``
+  and ``engine.models`` they are candidates, chosen elsewhere; in every other group a third
+  party's entry takes precedence over the engine's own, and two third parties' are an error
+  naming both, raised only when that name is used (:mod:`engine.core.plugins._precedence`);
 * the allowlist decides what is available; every skipped entry is logged once at INFO;
 * a plugin given as ``module:Class`` where a name is expected is loaded directly.
 """
@@ -23,6 +25,7 @@ from typing import Any
 from engine.core.plugins._allowlist import Allowlist, Decision
 from engine.core.plugins._entry import PluginEntry, normalize_dist_name
 from engine.core.plugins._loader import import_object, load_entry, plugin_error
+from engine.core.plugins._precedence import TARGET_GROUPS, choose
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import GENERAL_PLUGINS, GROUPS
 
@@ -50,11 +53,24 @@ def discover_entries() -> list[PluginEntry]:
 
 @dataclass(frozen=True)
 class CatalogRow:
-    """One line of ``engine plugins list``."""
+    """One line of ``engine plugins list``.
+
+    Attributes:
+        entry: The entry.
+        decision: The allowlist's decision.
+        conflicts_with: Allowed entries of equal standing with the same name (an error
+            when the name is used); always empty in the target groups.
+        shadows: The engine's own allowed entries this third-party entry takes precedence
+            over.
+        shadowed_by: The third-party allowed entry that takes precedence over this one of
+            the engine's own.
+    """
 
     entry: PluginEntry
     decision: Decision
     conflicts_with: tuple[PluginEntry, ...]
+    shadows: tuple[PluginEntry, ...] = ()
+    shadowed_by: tuple[PluginEntry, ...] = ()
 
 
 class PluginCatalog:
@@ -68,7 +84,7 @@ class PluginCatalog:
         self._by_key: dict[tuple[str, str], list[PluginEntry]] = defaultdict(list)
         for entry in self.entries:
             self._by_key[entry.key].append(entry)
-        self._loaded: dict[tuple[str, str], Any] = {}
+        self._loaded: dict[tuple[str, str, str, str | None], Any] = {}
         self._lock = threading.Lock()
         self._log_skips()
 
@@ -95,18 +111,23 @@ class PluginCatalog:
         return self._decisions.get(id(entry)) or self.allowlist.decide(entry)
 
     def rows(self) -> list[CatalogRow]:
-        """Every entry with its decision and the allowed entries it conflicts with.
+        """Every entry with its decision and how it stands against same-named entries.
 
-        A conflict only counts between allowed entries: once the allowlist keeps one of two
-        same-named entries, there is no conflict left to report.
+        Only allowed entries count: once the allowlist keeps one of two same-named entries,
+        there is nothing left to report. In the target groups (custom ops, models)
+        same-named entries are candidates, so their rows report nothing.
         """
         rows = []
         for entry in self.entries:
-            conflicts: tuple[PluginEntry, ...] = ()
-            if self.decision(entry).allowed:
-                conflicts = tuple(e for e in self._by_key[entry.key]
-                                  if e is not entry and self.decision(e).allowed)
-            rows.append(CatalogRow(entry, self.decision(entry), conflicts))
+            others: list[PluginEntry] = []
+            if self.decision(entry).allowed and entry.group not in TARGET_GROUPS:
+                others = [e for e in self.candidates(entry.group, entry.name) if e is not entry]
+            same = tuple(e for e in others if e.is_first_party == entry.is_first_party)
+            other = tuple(e for e in others if e.is_first_party != entry.is_first_party)
+            rows.append(CatalogRow(
+                entry, self.decision(entry), same,
+                shadows=other if not entry.is_first_party and not same else (),
+                shadowed_by=other if entry.is_first_party and len(other) == 1 else ()))
         return rows
 
     def error(self, group: str, name: str, cause: str) -> PluginError:
@@ -124,26 +145,36 @@ class PluginCatalog:
         """Names available in ``group`` (for error messages and CLI help)."""
         return sorted({e.name for e in self.allowed(group)})
 
+    def candidates(self, group: str, name: str) -> list[PluginEntry]:
+        """Every allowed entry of ``group`` named ``name`` (several distributions may)."""
+        return [e for e in self._by_key.get((group, name), []) if self.decision(e).allowed]
+
     def resolve(self, group: str, name: str) -> PluginEntry:
-        """The single allowed entry for ``(group, name)``; ``module:Class`` is taken as is.
+        """The allowed entry ``name`` means in ``group``; ``module:Class`` is taken as is.
+
+        Where several distributions provide ``name``, a third party's takes precedence over
+        the engine's own (:func:`engine.core.plugins._precedence.choose`). A
+        ``module:Class`` that an allowed entry points to resolves to that entry (with its
+        distribution), so a class path can pick one of several same-named entries.
 
         Raises:
             PluginError: unknown name (listing the available ones), skipped by the allowlist
-                (saying why), or provided by two distributions (naming both).
+                (saying why), or provided by two third parties (naming both).
         """
         if group not in GROUPS:
             raise PluginError(f"unknown plugin group {group!r}; known: {', '.join(GROUPS)}")
-        candidates = self._by_key.get((group, name), [])
-        allowed = [e for e in candidates if self.decision(e).allowed]
-        if len(allowed) > 1:
-            raise conflict_error(allowed, self.allowlist.source)
+        allowed = self.candidates(group, name)
         if allowed:
-            return allowed[0]
+            return choose(allowed, self.allowlist.source)
+        candidates = self._by_key.get((group, name), [])
         if candidates:
             entry = candidates[0]
             raise plugin_error(entry, f"it is installed but not allowed: "
                                       f"{self.decision(entry).reason}")
         if ":" in name:
+            by_value = [e for e in self.allowed(group) if e.value == name]
+            if by_value:
+                return by_value[0]
             return PluginEntry(group, name, name, *_distribution_of(name))
         available = ", ".join(self.names(group)) or "(none installed)"
         raise PluginError(
@@ -156,11 +187,15 @@ class PluginCatalog:
 
     def load(self, group: str, name: str) -> Any:
         """Import and validate the plugin selected as ``name`` in ``group`` (cached)."""
-        entry = self.resolve(group, name)
+        return self.load_resolved(self.resolve(group, name))
+
+    def load_resolved(self, entry: PluginEntry) -> Any:
+        """Import and validate ``entry`` itself (cached): one of several same-named entries."""
+        key = (entry.group, entry.name, entry.value, entry.distribution)
         with self._lock:
-            if entry.key not in self._loaded:
-                self._loaded[entry.key] = load_entry(entry)
-            return self._loaded[entry.key]
+            if key not in self._loaded:
+                self._loaded[key] = load_entry(entry)
+            return self._loaded[key]
 
     def load_group(self, group: str) -> dict[str, Any]:
         """Import and validate every allowed entry of ``group`` (all-loaded groups)."""
@@ -188,29 +223,6 @@ class PluginCatalog:
                 raise plugin_error(
                     entry, f"calling {entry.value}() raised {type(exc).__name__}: {exc}"
                 ) from exc
-
-    def check_conflicts(self) -> None:
-        """Raise on any ``(group, name)`` that two allowed distributions provide."""
-        for (group, name), entries in self._by_key.items():
-            if sum(self.decision(e).allowed for e in entries) > 1:
-                self.resolve(group, name)
-
-
-def conflict_error(entries: list[PluginEntry], allowlist_source: str) -> PluginError:
-    """The error for one ``(group, name)`` that several allowed distributions provide.
-
-    ``PluginError`` names one distribution, or says "not from an installed distribution"
-    when given none; a conflict has several, so the message names every one of them in the
-    usual ``plugin 'x' (group G, ...)`` shape, and ``distribution`` stays None.
-    """
-    first = entries[0]
-    providers = " and ".join(e.provider for e in entries)
-    cause = (f"{len(entries)} distributions provide {first.name!r}. Uninstall all but one, "
-             f"or keep one with {allowlist_source}=<distribution>.")
-    error = PluginError(f"plugin {first.name!r} (group {first.group}, distributions "
-                        f"{providers}): {cause}")
-    error.cause, error.plugin, error.group = cause, first.name, first.group
-    return error
 
 
 def _distribution_of(path: str) -> tuple[str | None, str | None]:

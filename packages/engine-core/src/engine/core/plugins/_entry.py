@@ -9,6 +9,13 @@ from dataclasses import dataclass
 #: the allowlist says (the allowlist governs what *other* distributions may add).
 BUILTIN_DISTRIBUTIONS = frozenset({"engine-core", "engine-server"})
 
+#: The engine's own distributions, engine-kernels included: where one of their entries and a
+#: third party's share a name, the third party's takes precedence (it "shadows" the engine's,
+#: as an out-of-tree model overrides an in-tree one in vLLM). engine-kernels is a plugin
+#: package like any other for the allowlist; only this precedence rule treats it as the
+#: engine's own.
+FIRST_PARTY_DISTRIBUTIONS = BUILTIN_DISTRIBUTIONS | {"engine-kernels"}
+
 
 def normalize_dist_name(name: str) -> str:
     """PEP 503 normalisation: ``Engine_Test.Plugin`` -> ``engine-test-plugin``."""
@@ -43,6 +50,11 @@ class PluginEntry:
     def is_builtin(self) -> bool:
         """True for the engine's own entries."""
         return self.distribution in BUILTIN_DISTRIBUTIONS
+
+    @property
+    def is_first_party(self) -> bool:
+        """True for the engine's own entries, engine-kernels' included."""
+        return self.distribution in FIRST_PARTY_DISTRIBUTIONS
 
     @property
     def provider(self) -> str:

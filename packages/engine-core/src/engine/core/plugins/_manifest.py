@@ -52,10 +52,10 @@ class PluginManifest(BaseModel):
     ) -> PluginManifest:
         """Every allowed entry of ``groups`` (default: all groups).
 
-        Raises:
-            PluginError: two allowed distributions provide the same name.
+        Same-named entries of several distributions are all listed: which one a name means
+        is decided where it is used (:mod:`engine.core.plugins._precedence`), so installing a
+        plugin never stops an engine that does not use it.
         """
-        catalog.check_conflicts()
         wanted = set(groups) if groups is not None else None
         return cls(entries=tuple(
             ManifestEntry.from_entry(e)

@@ -21,15 +21,18 @@ from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
+from engine.core.model_selection import AUTO, architectures_of, choose_model
 from engine.core.plugin_faults import guard_forward
 from engine.core.plugins import PluginCatalog
+from engine.core.plugins._loader import plugin_error
+from engine.core.plugins._precedence import ambiguity_error
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
 from engine.sdk.errors import PluginError, UnsupportedError
-from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, LINEAR_KERNELS, MODELS
+from engine.sdk.groups import ATTENTION_BACKENDS, LINEAR_KERNELS, MODELS
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import NATIVE, CustomOp
-from engine.sdk.platform import Platform
+from engine.sdk.platform import Platform, PlatformInfo
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import QuantizationConfig
 
@@ -43,24 +46,19 @@ class BuiltModel:
     backend: type[AttentionBackend]
 
 
-def resolve_model_class(catalog: PluginCatalog, hf_config: Any) -> tuple[str, type[nn.Module]]:
+def resolve_model_class(catalog: PluginCatalog, hf_config: Any, model_impl: str = AUTO
+                        ) -> tuple[str, type[nn.Module]]:
     """The architecture name and ``engine.models`` class for the checkpoint.
 
-    The first of the checkpoint's architectures that a model implements wins.
+    See ``engine.core.model_selection`` (``--model-impl``).
 
     Raises:
-        PluginError: no architecture of the checkpoint has a model, listing what exists.
+        PluginError: no architecture of the checkpoint has a model, listing what exists, or
+            two model plugins serve it under ``auto``.
     """
-    architectures = list(getattr(hf_config, "architectures", None) or [])
-    for arch in architectures:
-        if arch in catalog.names(MODELS):
-            cls: type[nn.Module] = catalog.load(MODELS, arch)
-            return arch, cls
-    raise PluginError(
-        f"no installed model implements the checkpoint's architectures {architectures}; "
-        f"available: {', '.join(catalog.names(MODELS)) or '(none)'}. A model plugin registers "
-        f"its class in the engine.models group under the architecture name."
-    )
+    choice = choose_model(catalog, architectures_of(hf_config), model_impl)
+    cls: type[nn.Module] = catalog.load_resolved(choice.entry)
+    return choice.architecture, cls
 
 
 def resolve_attention_backend(
@@ -84,17 +82,43 @@ def resolve_attention_backend(
 
 
 def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
-                       dispatch_key: str = NATIVE) -> dict[str, type[CustomOp]]:
+                       dispatch_key: str = NATIVE, platform_info: PlatformInfo | None = None,
+                       ) -> dict[str, type[CustomOp]]:
     """Replacement op classes in use (``--custom-ops`` and the platform), checked.
 
     See ``engine.core.custom_op_selection``. Each is guarded (``engine.core.plugin_faults``):
     an exception in its ``forward`` fails the step's requests, naming the plugin.
     """
-    def naming(name: str) -> Callable[[str], PluginError]:
-        return lambda cause: catalog.error(CUSTOM_OPS, name, cause)
+    platform = None if dispatch_key == NATIVE else platform_info
+    selected = select_custom_ops(catalog, settings, dispatch_key, platform)
+    return {name: guard_forward(cls, functools.partial(plugin_error, entry))
+            for name, (entry, cls) in selected.items()}
 
-    return {name: guard_forward(cls, naming(name))
-            for name, cls in select_custom_ops(catalog, settings, dispatch_key).items()}
+
+def _linear_kernels(catalog: PluginCatalog, forced: str | None
+                    ) -> tuple[list[type[LinearKernel]], dict[str, PluginError], str | None]:
+    """The candidate classes, the names two third parties provide, and the forced name.
+
+    A name two third parties provide is an error only when the selection lands on it, so
+    one of them stands in for it meanwhile. ``forced`` given as ``module:Class`` replaces
+    the candidate of the same name (the engine's own one that a plugin shadows, say).
+    """
+    kernels: list[type[LinearKernel]] = []
+    ambiguous: dict[str, PluginError] = {}
+    for name in catalog.names(LINEAR_KERNELS):
+        third_party = [e for e in catalog.candidates(LINEAR_KERNELS, name)
+                       if not e.is_first_party]
+        if len(third_party) > 1:
+            ambiguous[name] = ambiguity_error(third_party, catalog.allowlist.source)
+            kernels.append(catalog.load_resolved(third_party[0]))
+        else:
+            kernels.append(catalog.load(LINEAR_KERNELS, name))
+    if forced is not None and ":" in forced:
+        chosen: type[LinearKernel] = catalog.load(LINEAR_KERNELS, forced)
+        forced = chosen.name or forced
+        ambiguous.pop(forced, None)
+        kernels = [k for k in kernels if k.name != forced] + [chosen]
+    return kernels, ambiguous, forced
 
 
 def make_linear_kernel_selector(
@@ -105,14 +129,24 @@ def make_linear_kernel_selector(
 
     Raises:
         ValidationError: ``forced`` or a ``disabled`` name is not an installed kernel.
+        PluginError: ``forced`` (a name) is provided by two third parties.
     """
-    kernels = [catalog.load(LINEAR_KERNELS, name) for name in catalog.names(LINEAR_KERNELS)]
-    selector = functools.partial(select_linear_kernel, kernels, platform.info(),
-                                 forced=forced, disabled=tuple(disabled))
+    kernels, ambiguous, forced = _linear_kernels(catalog, forced)
+    if forced in ambiguous:
+        raise ambiguous[forced]
+    info = platform.info()
+
+    def selector(config: LinearKernelConfig) -> type[LinearKernel]:
+        kernel = select_linear_kernel(kernels, info, config, forced=forced,
+                                      disabled=tuple(disabled))
+        if kernel.name in ambiguous:  # the selection landed on a name two plugins provide
+            raise ambiguous[kernel.name]
+        return kernel
+
     probe = LinearKernelConfig(scheme="unquantized", weight_dtype="float32",
                                act_dtype="float32", input_size=1, output_size=1)
     try:  # surface unknown --linear-kernel / --disabled-kernels names before building
-        selector(probe)
+        select_linear_kernel(kernels, info, probe, forced=forced, disabled=tuple(disabled))
     except UnsupportedError:
         pass
     return selector
@@ -163,7 +197,7 @@ def build_model(
     device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
     tp: TensorParallelGroup = SINGLE, custom_ops: CustomOpSettings | None = None,
-    quant_config: QuantizationConfig | None = None,
+    quant_config: QuantizationConfig | None = None, model_impl: str = AUTO,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
@@ -171,10 +205,11 @@ def build_model(
     backend through their ``Options`` models. With ``tp`` of several ranks the model holds
     rank ``tp.rank``'s shard; ``weights`` are the full checkpoint tensors (the layers'
     loaders narrow them). ``quant_config`` (``EngineSetup.quant_config``) gives every
-    linear layer and the embedding its quantize method.
+    linear layer and the embedding its quantize method. ``model_impl`` (``--model-impl``)
+    picks among several models for the checkpoint's architecture.
     """
     options = plugin_options or {}
-    arch, model_cls = resolve_model_class(catalog, hf_config)
+    arch, model_cls = resolve_model_class(catalog, hf_config, model_impl)
     spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
     backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     backend_name = attention_backend or platform.default_attention_backend(spec)
@@ -182,7 +217,8 @@ def build_model(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         backend_options=_validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
                                            options),
-        op_classes=resolve_custom_ops(catalog, custom_ops, platform.device_type),
+        op_classes=resolve_custom_ops(catalog, custom_ops, platform.device_type,
+                                      platform.info()),
         dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),

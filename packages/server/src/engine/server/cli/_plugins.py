@@ -1,8 +1,10 @@
 """``engine plugins list|check``: show the plugin catalog, and validate plugins offline.
 
-``list`` also shows what each custom op is built from (its built-in class or which
-``engine.custom_ops`` replacement), under the allowlist and ``--custom-ops`` given, from
-metadata only; the platform may still change it at start-up (the worker logs the result).
+``list`` also shows, where several distributions provide one name, which one an engine
+started here would use: each custom op's implementation among its candidates on this
+host's platform (under the allowlist and ``--custom-ops`` given; the platform's own items
+apply at start-up, and the worker logs the result), each architecture's model (under
+``--model-impl``), and which plugin shadows one of the engine's own names.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from engine.core.plugins import (
     Allowlist,
@@ -23,12 +25,10 @@ from engine.core.plugins import (
 from engine.sdk._version import SDK_MAJOR
 from engine.sdk._version import __version__ as SDK_VERSION
 from engine.sdk.errors import PluginError, ValidationError
-from engine.sdk.groups import CUSTOM_OPS, GROUPS
+from engine.sdk.groups import GROUPS
 from engine.server.cli._help import HelpFormatter
 from engine.server.cli._logging_args import add_log_level
-
-if TYPE_CHECKING:
-    from engine.core.custom_op_selection import CustomOpChoice
+from engine.server.cli._plugins_choices import mark_op_rows, plan_ops, print_models, print_ops
 
 
 def add_parser(commands: Any) -> None:
@@ -52,8 +52,12 @@ def add_parser(commands: Any) -> None:
     lister.add_argument(
         "--custom-ops", default="", metavar="ITEMS",
         help="show the custom-op implementations these items select (as for engine serve: "
-             "all, none, +NAME, -NAME, comma-separated; write --custom-ops=-NAME for a "
-             "leading minus; default: every installed replacement)")
+             "all, none, +NAME, +NAME=CHOICE, -NAME, comma-separated; write "
+             "--custom-ops=-NAME for a leading minus; default: the default rule)")
+    lister.add_argument(
+        "--model-impl", default="auto", metavar="IMPL",
+        help="show the models this --model-impl selects where several serve one "
+             "architecture (auto, engine, a distribution, or module:Class)")
     lister.set_defaults(handler=run_list)
     checker = sub.add_parser(
         "check", parents=[common], formatter_class=HelpFormatter,
@@ -88,42 +92,22 @@ def _row_dict(row: CatalogRow) -> dict[str, Any]:
         "reason": row.decision.reason,
         "processes": list(spec.processes),
         "conflicts": [f"{e.distribution} {e.version}" for e in row.conflicts_with],
+        "shadows": [f"{e.distribution} {e.version}" for e in row.shadows],
+        "shadowed_by": [f"{e.distribution} {e.version}" for e in row.shadowed_by],
     }
 
 
-def _op_choices(catalog: PluginCatalog, items: str) -> list[CustomOpChoice] | None:
-    from engine.core.custom_op_selection import CustomOpSettings, plan_custom_ops  # torch
-
-    settings = CustomOpSettings(operator=tuple(i for i in items.split(",") if i))
-    try:
-        settings.validate(catalog)
-    except ValidationError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return None
-    return plan_custom_ops(catalog, settings)
-
-
-def _mark_op_rows(rows: list[dict[str, Any]], choices: list[CustomOpChoice]) -> None:
-    """Add ``used`` / ``used_reason`` to the ``engine.custom_ops`` rows (``--json``)."""
-    by_name = {c.name: c for c in choices}
-    for row in rows:
-        if row["group"] != CUSTOM_OPS:
-            continue
-        choice = by_name.get(row["name"])
-        used = (choice is not None and choice.use_replacement and row["allowed"]
-                and choice.replacement is not None
-                and choice.replacement.distribution == row["distribution"])
-        row["used"] = used
-        row["used_reason"] = (choice.reason if choice is not None and row["allowed"] else
-                              "not allowed" if not row["allowed"] else
-                              "no built-in op has this name")
-
-
-def _print_ops(choices: list[CustomOpChoice]) -> None:
-    print("custom ops  (built in: worker; at start-up the platform's custom_ops apply "
-          "first, then --custom-ops, which wins)")
-    for choice in choices:
-        print(f"  {choice.name:<28} {choice.implementation}  [{choice.reason}]")
+def _status(r: dict[str, Any]) -> str:
+    """The note after a row: ambiguity, or which name precedence applies."""
+    if r["conflicts"]:
+        return (f"  CONFLICT with {', '.join(r['conflicts'])}: an error if this name is "
+                f"used; select one by its class path (module:Class)")
+    if r["shadows"]:
+        return f"  takes precedence over the engine's own from {', '.join(r['shadows'])}"
+    if r["shadowed_by"]:
+        return (f"  shadowed by {', '.join(r['shadowed_by'])}; select this one by its class "
+                f"path")
+    return ""
 
 
 def run_list(args: argparse.Namespace) -> int:
@@ -131,18 +115,16 @@ def run_list(args: argparse.Namespace) -> int:
     catalog = _catalog(args)
     if catalog is None:
         return 2
-    choices = _op_choices(catalog, args.custom_ops)
-    if choices is None:
+    plan = plan_ops(catalog, args.custom_ops)
+    if plan is None:
         return 2
     rows = [_row_dict(row) for row in catalog.rows()]
-    _mark_op_rows(rows, choices)
+    mark_op_rows(rows, plan)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     if not rows:
         print("No plugins installed.")
-        _print_ops(choices)
-        return 0
     for group in GROUPS:
         group_rows = [r for r in rows if r["group"] == group]
         if not group_rows:
@@ -150,12 +132,10 @@ def run_list(args: argparse.Namespace) -> int:
         print(f"{group}  (loaded in: {', '.join(GROUPS[group].processes)})")
         for r in group_rows:
             status = "allowed" if r["allowed"] else "skipped"
-            line = (f"  {r['name']:<28} {r['value']:<52} {r['distribution']} {r['version']}"
-                    f"  [{status}: {r['reason']}]")
-            if r["conflicts"]:
-                line += f"  CONFLICT with {', '.join(r['conflicts'])}"
-            print(line)
-    _print_ops(choices)
+            print(f"  {r['name']:<28} {r['value']:<52} {r['distribution']} {r['version']}"
+                  f"  [{status}: {r['reason']}]{_status(r)}")
+    print_models(catalog, args.model_impl)
+    print_ops(plan)
     return 0
 
 
@@ -222,23 +202,15 @@ def _check_row(row: CatalogRow) -> dict[str, Any]:
     entry = row.entry
     error = None
     sdk: dict[str, Any] | None = None
-    if row.conflicts_with:
-        others = " and ".join(e.provider for e in (entry, *row.conflicts_with))
-        error = str(PluginError(
-            f"two distributions provide {entry.name!r}: {others}",
-            plugin=entry.name, group=entry.group, distribution=entry.distribution,
-            version=entry.version,
-        ))
     options: dict[str, dict[str, Any]] = {}
-    if error is None:
-        try:
-            obj, compat = load_and_check(entry, load_entry)
-            sdk = _sdk_dict(compat)
-            options = _options_schema(obj)
-        except PluginError as exc:
-            error = str(exc)
-        except Exception as exc:  # noqa: BLE001 - an options model that cannot describe itself
-            error = f"its Options model is invalid: {type(exc).__name__}: {exc}"
+    try:
+        obj, compat = load_and_check(entry, load_entry)
+        sdk = _sdk_dict(compat)
+        options = _options_schema(obj)
+    except PluginError as exc:
+        error = str(exc)
+    except Exception as exc:  # noqa: BLE001 - an options model that cannot describe itself
+        error = f"its Options model is invalid: {type(exc).__name__}: {exc}"
     return {
         "group": entry.group, "name": entry.name, "distribution": entry.distribution,
         "version": entry.version, "allowed": row.decision.allowed,
