@@ -97,10 +97,10 @@ def test_a_third_party_replacement_beside_the_engine_s_own_is_used_where_it_has_
 ) -> None:
     choice = _rms(_catalog(KERNELS, ACME))
     assert choice.chosen == ACME
-    assert choice.reason.startswith("default: ranks first with a cpu path (priority 0, a "
-                                    "third party's over the engine's)")
+    assert choice.reason == ("default: ranks first with a cpu path (priority 0, a third "
+                             "party's over the engine's)")
     assert f"passed over: {KERNELS.value} (engine-kernels 1.0): it has no cpu path" in (
-        choice.reason)
+        choice.full_reason)
     lines = describe_candidates(choice)
     assert lines[0].startswith("  engine.core.model_executor.layers.builtin_ops:RMSNorm")
     assert any(line.startswith(f"* {ACME.value}") and "eligible" in line for line in lines)
@@ -158,7 +158,7 @@ def test_is_supported_refusals_are_passed_over_with_their_reason() -> None:
     picky = _entry(PickyRMSNorm, "picky-ops")
     choice = _rms(_catalog(picky))
     assert not choice.use_replacement
-    assert f"{picky.value} (picky-ops 1.0): needs AVX-1024" in choice.reason
+    assert f"{picky.value} (picky-ops 1.0): needs AVX-1024" in choice.full_reason
     assert _rms(_catalog(picky), "+rms_norm").chosen == picky  # the only replacement
 
 

@@ -57,6 +57,7 @@ RUN_BY: dict[str, dict[str, str]] = {
     "custom-ops.md": {
         "from __future__ import annotations": _TESTS + "test_docs_seams.py",
         "import torch": _TESTS + "test_docs_seams.py",
+        "# src/my_plugin/avx512_ops.py": _TESTS + "test_docs_seams.py",
         "# Offline, the same items as a list.": _TESTS + "test_docs_seams.py",
     },
     "endpoints.md": {

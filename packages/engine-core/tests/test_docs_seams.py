@@ -33,7 +33,7 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
 #: The first line of every python block each page has, and so the tests below run.
 BLOCKS = {
     "custom-ops.md": ["from __future__ import annotations", "import torch",
-                      "# Offline, the same items as a list."],
+                      "# src/my_plugin/avx512_ops.py", "# Offline, the same items as a list."],
     "stat-loggers.md": ["# src/acme_plugins/statsd.py", "# tests/test_statsd.py",
                         "# offline_stats.py"],
     "platforms.md": ["# src/acme_plugins/platform.py", "# tests/test_platform.py"],
@@ -88,9 +88,7 @@ def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
         monkeypatch: pytest.MonkeyPatch) -> None:
     namespace = exec_block(block("custom-ops.md", "from __future__ import annotations"))
     fused = namespace["FusedRMSNorm"]
-    install(CUSTOM_OPS, "rms_norm", fused)
-    # Only the page's distribution: engine-kernels' rms_norm would be a second one.
-    monkeypatch.setenv("ENGINE_PLUGINS", "acme-docs")
+    install(CUSTOM_OPS, "rms_norm", fused)  # beside engine-kernels' rms_norm
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     results = {}
     for items in ((), ("-rms_norm",)):
@@ -104,6 +102,26 @@ def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
     exec_block(block("custom-ops.md", "# Offline, the same items as a list."))
     [llm] = tiny_llm.made[-1:]
     assert type(llm.llm_engine.core.worker.built.model.norm).__name__ == "RMSNorm"
+
+
+def test_custom_ops_is_supported_and_priority_example(
+        install: Callable[[str, str, type], None]) -> None:
+    from engine.core.custom_op_selection import CustomOpSettings, plan_custom_ops
+    from engine.core.plugins import PluginCatalog
+    from engine.sdk import PlatformInfo
+
+    avx512 = exec_block(block("custom-ops.md", "# src/my_plugin/avx512_ops.py"))["Avx512RMSNorm"]
+    fused = exec_block(block("custom-ops.md", "from __future__ import annotations"))[
+        "FusedRMSNorm"]
+    cpu, cuda = PlatformInfo("cpu", "cpu"), PlatformInfo("cuda", "cuda")
+    has_avx512 = "avx512f" in Path("/proc/cpuinfo").read_text()
+    assert avx512.is_supported(cpu).ok is has_avx512
+    assert "no cuda path of its own" in avx512.is_supported(cuda).reason
+    install(CUSTOM_OPS, "rms_norm", fused)
+    install(CUSTOM_OPS, "rms_norm", avx512)
+    plan = plan_custom_ops(PluginCatalog.discover(), CustomOpSettings(), "cpu", cpu)
+    [rms] = [c for c in plan if c.name == "rms_norm"]
+    assert ("Avx512RMSNorm" if has_avx512 else "FusedRMSNorm") in rms.chosen.value
 
 
 # -- stat-loggers.md ------------------------------------------------------------------------

@@ -85,6 +85,7 @@ class CustomOpChoice:
         candidates: Every implementation considered, the chosen one included.
         by_default: No item named the op (the default rule decided).
         error: Why no choice could be made (``plan_custom_ops(strict=False)`` only).
+        passed_over: Each ineligible candidate the default rule passed over, with why.
     """
 
     name: str
@@ -93,6 +94,15 @@ class CustomOpChoice:
     candidates: tuple[OpCandidate, ...] = ()
     by_default: bool = False
     error: str | None = None
+    passed_over: tuple[str, ...] = ()
+
+    @property
+    def full_reason(self) -> str:
+        """``reason``, then what was passed over and how to force it (the worker's log)."""
+        if not self.passed_over:
+            return self.reason
+        return (f"{self.reason}; passed over: {'; '.join(self.passed_over)}; --custom-ops "
+                f"+{self.name}=DISTRIBUTION forces one")
 
     @property
     def use_replacement(self) -> bool:
@@ -226,10 +236,12 @@ def _default_reason(chosen: OpCandidate, ranked: list[OpCandidate], device: str)
         c.support is None or c.support.ok for c in ranked) == 1
         else f"ranks first{path} (priority {chosen.priority}{over})" if eligible
         else f"no implementation has a {device} path of its own")
-    passed = [f"{c.entry.value} ({c.entry.provider}): {c.support.reason}" for c in ranked
-              if c.support is not None and not c.support.ok]
-    hint = f"; --custom-ops +{ranked[0].entry.name}=DISTRIBUTION forces one" if passed else ""
-    return f"default: {head}" + (f"; passed over: {'; '.join(passed)}{hint}" if passed else "")
+    return f"default: {head}"
+
+
+def _passed_over(candidates: Sequence[OpCandidate]) -> tuple[str, ...]:
+    return tuple(f"{c.label}: {c.support.reason}" for c in candidates
+                 if c.support is not None and not c.support.ok)
 
 
 def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo | None,
@@ -256,10 +268,11 @@ def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo
     pool = [c for c in candidates if not c.is_builtin] if mode.kind == "replace" else candidates
     ranked = _rank(pool)
     chosen = _choose(op, ranked, device)
-    reason = by if mode.kind == "replace" else _default_reason(chosen, _rank(candidates),
-                                                               device)
-    return CustomOpChoice(op, chosen.entry, reason, tuple(candidates),
-                          by_default=mode.kind == "default")
+    if mode.kind == "replace":
+        return CustomOpChoice(op, chosen.entry, by, tuple(candidates))
+    return CustomOpChoice(op, chosen.entry, _default_reason(chosen, _rank(candidates), device),
+                          tuple(candidates), by_default=True,
+                          passed_over=_passed_over(candidates))
 
 
 def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
@@ -325,7 +338,7 @@ def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None 
                                   f"ops: {', '.join(sorted(BUILTIN_OPS))}")
     choices = plan_custom_ops(catalog, settings, dispatch_key, platform)
     logger.info("custom ops: %s", "; ".join(
-        f"{c.name} = {c.implementation} [{c.reason}]" for c in choices))
+        f"{c.name} = {c.implementation} [{c.full_reason}]" for c in choices))
     return {c.name: (c.chosen, catalog.load_resolved(c.chosen)) for c in choices
             if c.use_replacement}
 

@@ -12,15 +12,18 @@ The non-native methods default to ``forward_native``. The dispatch key is the
 constructor's ``dispatch_key``: ``"native"`` (the reference; the default), ``"cpu"``,
 ``"cuda"``, or any other device type (``"npu"``, ``"xpu"``, ...), which selects
 ``forward_oot``. The engine builds every op with the platform's device type as its key.
-Which class it builds an op from is the operator's and the platform's choice
-(``--custom-ops all,none,+name,-name`` and ``PlatformConfig.custom_ops``; the operator's
-flag wins): the replacement registered under the op's name, or, when that is turned off
-or none is installed, the built-in contract class, whose every path is the reference.
+Which class it builds an op from: every class registered under the op's name, by any
+distribution (the engine's own built-in among them), is a candidate; by default the one
+that can run on the device (:meth:`CustomOp.is_supported`) with the highest
+:attr:`~CustomOp.priority` wins, a third party's before the engine's own at equal
+priority. The operator and the platform can choose (``--custom-ops all,none,+name,
++name=DISTRIBUTION,-name`` and ``PlatformConfig.custom_ops``; the operator's flag wins).
 
 Replacing an op: publish a subclass of its contract class (e.g. :class:`RMSNormOp`) in
 ``engine.custom_ops`` under the op's :attr:`~CustomOp.name`, overriding the forward
-methods for your device. The engine builds the model's ops from the registered class, so
-nothing is monkey-patched and model code is unchanged::
+methods for your device. Other distributions may register the same name; nothing about
+that is an error. The engine builds the model's ops from the chosen class, so nothing is
+monkey-patched and model code is unchanged::
 
     [project.entry-points."engine.custom_ops"]
     rms_norm = "my_npu_plugin.ops:NPURMSNorm"

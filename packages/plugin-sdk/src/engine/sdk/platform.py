@@ -59,7 +59,9 @@ class PlatformConfig:
         block_size: Tokens per KV-cache block.
         attention_backend: Name of the attention backend to use.
         enforce_eager: Disable graph capture.
-        custom_ops: ``+name``/``-name`` items enabling or disabling custom-op replacements.
+        custom_ops: ``--custom-ops`` items (``+name``, ``+name=DISTRIBUTION``, ``-name``,
+            ``all``, ``none``) choosing custom-op implementations; applied before the
+            operator's, which win.
         worker_extensions: Names of worker extensions to add.
         max_num_batched_tokens: The token budget of one step (``None``: the engine's
             default, 2048). A platform sets it only where the operator left it ``None``,

@@ -61,7 +61,7 @@ def mark_op_rows(rows: list[dict[str, Any]], plan: OpPlan) -> None:
         row["used"] = bool(choice is not None and row["allowed"] and choice.error is None
                            and choice.chosen.value == row["value"]
                            and choice.chosen.distribution == row["distribution"])
-        row["used_reason"] = (choice.error or choice.reason if choice is not None and
+        row["used_reason"] = (choice.error or choice.full_reason if choice is not None and
                               row["allowed"] else "not allowed" if not row["allowed"] else
                               "no built-in op has this name")
 
