@@ -142,9 +142,10 @@ class EngineConfig(BaseModel):
         default_factory=dict, description="options of the KV connector, as given by "
         "--kv-connector-option KEY=VALUE")
     custom_ops: tuple[str, ...] = Field(
-        (), description="which custom-op replacements to use: all, none, +NAME, -NAME "
-        "(comma-separated; write --custom-ops=-NAME for a leading minus); default: every "
-        "installed replacement the platform does not disable")
+        (), description="which implementation builds each custom op: all, none, +NAME, "
+        "+NAME=DISTRIBUTION or +NAME=module:Class, -NAME (the built-in), comma-separated; "
+        "write --custom-ops=-NAME for a leading minus; default: per op, the "
+        "highest-priority implementation that runs on the device")
     enforce_eager: bool = Field(
         False, description="never capture graphs (CUDA graphs on platforms that have them)")
     io_processor: str | None = Field(
