@@ -145,6 +145,15 @@ def test_two_third_parties_of_equal_standing_need_the_operator_only_when_used(
     assert undecided.error is not None and "equal standing" in undecided.error
 
 
+def test_on_a_device_nothing_has_a_path_for_the_built_in_runs_the_reference() -> None:
+    npu = PlatformInfo(name="acme_npu", device_type="npu")
+    choice = _rms(_catalog(KERNELS, ACME), platform=npu)
+    assert not choice.use_replacement
+    assert choice.reason == "default: no implementation has a path of its own for npu"
+    assert len(choice.passed_over) == 3  # the built-in, engine-kernels' and acme's
+    assert _rms(_catalog(KERNELS, ACME), "+rms_norm", platform=npu).chosen == ACME
+
+
 def test_priority_ranks_before_the_third_party_rule() -> None:
     preferred = _entry(PreferredRMSNorm, "preferred-ops")
     assert _rms(_catalog(ACME, OTHER, preferred)).chosen == preferred  # no tie at the top

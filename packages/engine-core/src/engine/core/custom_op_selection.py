@@ -192,17 +192,19 @@ def _ask(entry: PluginEntry, cls: type[CustomOp], platform: PlatformInfo | None)
     return answer
 
 
+def _eligible(candidate: OpCandidate) -> bool:
+    return candidate.support is None or candidate.support.ok
+
+
 def _rank(candidates: Sequence[OpCandidate]) -> list[OpCandidate]:
     """Eligible first, then by priority, then a third party's before the engine's own."""
     return sorted(candidates, key=lambda c: (
-        not (c.support is None or c.support.ok), -(c.priority or 0), c.entry.is_first_party,
+        not _eligible(c), -(c.priority or 0), c.entry.is_first_party,
         c.entry.distribution or "", c.entry.value))
 
 
 def _tied(first: OpCandidate, other: OpCandidate) -> bool:
-    return ((other.support is None or other.support.ok) == (first.support is None
-                                                          or first.support.ok)
-            and other.priority == first.priority
+    return (_eligible(other) == _eligible(first) and other.priority == first.priority
             and other.entry.is_first_party == first.entry.is_first_party)
 
 
@@ -229,13 +231,12 @@ def _choose(op: str, ranked: list[OpCandidate], device: str) -> OpCandidate:
 def _default_reason(chosen: OpCandidate, ranked: list[OpCandidate], device: str) -> str:
     if len(ranked) == 1:
         return "no replacement is installed"
-    eligible = chosen.support is None or chosen.support.ok
+    eligible = _eligible(chosen)
     path = "" if device == NATIVE else f" with a {device} path"
     over = ", a third party's over the engine's" if not chosen.entry.is_first_party else ""
-    head = (f"the only implementation{path}" if eligible and sum(
-        c.support is None or c.support.ok for c in ranked) == 1
+    head = (f"the only implementation{path}" if eligible and sum(map(_eligible, ranked)) == 1
         else f"ranks first{path} (priority {chosen.priority}{over})" if eligible
-        else f"no implementation has a {device} path of its own")
+        else f"no implementation has a path of its own for {device}")
     return f"default: {head}"
 
 
@@ -267,6 +268,8 @@ def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo
         candidates.append(OpCandidate(entry, cls.priority, _ask(entry, cls, platform)))
     pool = [c for c in candidates if not c.is_builtin] if mode.kind == "replace" else candidates
     ranked = _rank(pool)
+    if mode.kind == "default" and not _eligible(ranked[0]):
+        ranked = [candidates[0]]  # nothing can run here: the built-in (the reference)
     chosen = _choose(op, ranked, device)
     if mode.kind == "replace":
         return CustomOpChoice(op, chosen.entry, by, tuple(candidates))
