@@ -21,13 +21,7 @@ from engine.core.plugins import PluginEntry, _catalog
 from engine.core.plugins._local import plugin_reference
 from engine.sdk import ModelContext, ValidationError
 from engine.sdk.groups import MODELS
-from engine.testing.docs import (
-    code_block,
-    code_blocks,
-    exec_block,
-    page_package,
-    run_page_tests,
-)
+from engine.testing.docs import code_block, exec_block, page_package, run_page_tests
 
 PAGE = "models.md"
 MODULE, TEST = "# src/acme_plugins/gpt2.py", "# tests/test_gpt2.py"
@@ -84,10 +78,6 @@ def test_it_refuses_a_context_without_a_layer_factory(installed: type,
     config = AutoConfig.from_pretrained(namespace["tiny_gpt2"](tmp_path))
     with pytest.raises(ValidationError, match="runs in an engine, on one rank"):
         installed(ModelContext(hf_config=config))
-
-
-def test_every_block_is_run() -> None:
-    assert sorted(b.splitlines()[0] for b in code_blocks(PAGE)) == sorted([MODULE, TEST, ROPE])
 
 
 def test_the_rope_settings_example_runs() -> None:
