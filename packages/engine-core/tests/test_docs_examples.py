@@ -92,6 +92,7 @@ RUN_BY: dict[str, dict[str, str]] = {
     "models.md": {
         "# src/acme_plugins/gpt2.py": _TESTS + "test_docs_models.py",
         "# tests/test_gpt2.py": _TESTS + "test_docs_models.py",
+        "# rope settings of either transformers era": _TESTS + "test_docs_models.py",
     },
     "platforms.md": {
         "# src/acme_plugins/platform.py": _TESTS + "test_docs_seams.py",

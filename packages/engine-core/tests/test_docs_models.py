@@ -25,6 +25,7 @@ from engine.testing.docs import code_block, exec_block, page_package, run_page_t
 
 PAGE = "models.md"
 MODULE, TEST = "# src/acme_plugins/gpt2.py", "# tests/test_gpt2.py"
+ROPE = "# rope settings of either transformers era"
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +78,8 @@ def test_it_refuses_a_context_without_a_layer_factory(installed: type,
     config = AutoConfig.from_pretrained(namespace["tiny_gpt2"](tmp_path))
     with pytest.raises(ValidationError, match="runs in an engine, on one rank"):
         installed(ModelContext(hf_config=config))
+
+
+def test_the_rope_settings_example_runs() -> None:
+    namespace = exec_block(code_block(PAGE, ROPE), filename="rope_example.py")
+    assert namespace["rotary_dim"] == 32

@@ -113,6 +113,8 @@ def test_an_unknown_io_processor_stops_start_up(tiny_llama: Path, plugins_on_pat
     with pytest.raises(PluginError, match="no plugin named 'test_io_nope' in group "
                        "engine.io_processors. Available: test_io_prompts, test_io_words"):
         LLM(str(tiny_llama), in_process=True, plugins=IO, io_processor="test_io_nope")
-    with pytest.raises(PluginError, match="(?s)constructing it failed.*max_prompts"):
+    with pytest.raises(PluginError, match="'test_io_prompts' .*invalid --plugin-option "
+                       "test_io_prompts: max_prompts: Input should be greater than or equal "
+                       "to 1 \\(got 0\\). Accepted options: max_prompts"):
         LLM(str(tiny_llama), in_process=True, plugins=IO, io_processor="test_io_prompts",
             plugin_options={"test_io_prompts": {"max_prompts": 0}})

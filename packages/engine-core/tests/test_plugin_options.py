@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from engine.core import LLM
+from engine.core import LLM, __version__
 from engine.sdk import PluginError, ValidationError
 
 IO = "engine-test-plugin-io"
@@ -40,10 +40,16 @@ def test_options_reach_the_model_and_the_attention_backend(tiny_llama: Path) -> 
     llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True)
     model = llm.llm_engine.core.worker.built.model
     assert type(model).Options.model_fields == {}  # built-ins declare no options
-    with pytest.raises(PluginError, match="LlamaForCausalLM.*invalid options"):
+    with pytest.raises(PluginError) as info:
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"LlamaForCausalLM": {"depth": 3}})
-    with pytest.raises(PluginError, match="'cpu'.*attention_backends.*invalid options"):
+    assert str(info.value) == (
+        "plugin 'LlamaForCausalLM' (group engine.models, distribution engine-core "
+        f"{__version__}): invalid --plugin-option LlamaForCausalLM: depth: Extra "
+        "inputs are not permitted. It accepts no options")
+    assert info.value.__suppress_context__  # no pydantic dump under the message
+    with pytest.raises(PluginError, match="'cpu'.*attention_backends.*invalid --plugin-option "
+                       "engine.attention_backends:cpu: window: Extra inputs"):
         LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, in_process=True,
             plugin_options={"attention_backends:cpu": {"window": 3}})
 

@@ -33,9 +33,10 @@ from engine.core.frontend.input_processor import ProcessedRequest, PromptType
 from engine.core.io_processing import IOProcessorHandle, load_io_processor
 from engine.core.messages import EngineInfo
 from engine.core.outputs import RequestOutput
+from engine.core.plugin_options import check_application_options
 from engine.core.rpc.launch import EngineLaunch
 from engine.core.startup import EngineSetup, prepare
-from engine.sdk.groups import STAT_LOGGERS
+from engine.sdk.groups import STAT_LOGGERS, TOOL_PARSERS
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import EngineCoreOutput, RequestStatus
 from engine.sdk.stats import SchedulerStats
@@ -53,6 +54,10 @@ def _stop(core: CoreHandle, stat_loggers: StatLoggerSet) -> None:
         core.shutdown()
     finally:
         stat_loggers.shutdown()
+
+#: Why tool-parser options have no effect under ``LLM``.
+NO_TOOL_PARSING = ("LLM parses no tool calls (tool parsers serve `engine serve "
+                   "--tool-call-parser`)")
 
 
 class LLMEngine:
@@ -82,6 +87,7 @@ class LLMEngine:
         launch = None if in_process else EngineLaunch.spawn(config)
         try:
             self.setup = setup or prepare(config)
+            check_application_options(self.setup, TOOL_PARSERS, None, unused=NO_TOOL_PARSING)
             parts = FrontEndParts.build(config, self.setup)
             self.tokenizer, self.eos_token_id = parts.tokenizer, parts.eos_token_id
             self.input_processor = parts.input_processor

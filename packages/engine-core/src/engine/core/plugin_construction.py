@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from engine.core.plugin_options import validated_options
 from engine.core.startup import EngineSetup
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessor
@@ -18,11 +19,13 @@ def construct_plugin(setup: EngineSetup, group: str, name: str, cls: type[Plugin
     """Validate the plugin's ``--plugin-option`` values and build it with ``make(options)``.
 
     Raises:
-        PluginError: the options are invalid or the constructor raised, naming the plugin
-            and its distribution.
+        PluginError: the options are invalid (see
+            :func:`~engine.core.plugin_options.validated_options`) or the constructor
+            raised, naming the plugin and its distribution.
     """
+    options = validated_options(setup.catalog, group, name, cls, setup.config.plugin_options)
     try:
-        return make(cls.Options(**setup.config.options_for(group, name)))
+        return make(options)
     except Exception as exc:
         raise setup.catalog.error(
             group, name, f"constructing it failed: {type(exc).__name__}: {exc}") from exc

@@ -1,45 +1,54 @@
-"""``--plugin-option`` at start-up: every target exists, and no given value goes unchecked.
+"""``--plugin-option`` values: one validation for every group, and no value unchecked.
 
-A plugin's options are validated against its ``Options`` model when the engine builds the
-plugin (:mod:`engine.core.plugin_construction`, the worker's model setup, the KV
-connector), which only happens to the plugins the engine uses. The front end's
-:func:`engine.core.startup.prepare` adds two checks so that no value is silently dropped:
+:func:`validated_options` is the one place a plugin's options are validated against its
+``Options`` model, wherever the engine builds the plugin
+(:mod:`engine.core.plugin_construction` for most groups, the worker's model setup for
+models and attention backends, the KV connector's construction) and at start-up. A bad
+value is a
+:class:`~engine.sdk.errors.PluginError` naming the plugin, group and distribution, the
+``--plugin-option`` key, what was wrong with each value and what the ``Options`` model
+accepts (:func:`describe_options`).
+
+The front end's :func:`engine.core.startup.prepare` adds two checks, so that no value is
+silently dropped and none is found wrong only after the model loaded:
 
 1. :func:`check_option_targets` (before general plugins run): every key names one
    installed, allowed plugin (``NAME`` unique across groups, or ``GROUP:NAME``), or a
    plugin selected as ``module:Class``. A name that nothing installed provides is an error
    listing the allowed plugins; an installed plugin the allowlist skips is an error saying
    why; a plain name two groups share is an error listing the ``GROUP:NAME`` spellings.
-2. :func:`check_unused_options` (once the engine's choices are known): the values of a
-   plugin whose options would never be validated are validated now, against its
-   ``Options``, which imports it:
+2. :func:`check_plugin_options` (once the engine's choices are known): the values of every
+   named plugin, and the options of every stat logger (all of them are used, and they are
+   built only once EngineCore is up), are validated now, which imports those plugins.
+   Values of a plugin that cannot use them are accepted and logged at INFO as having no
+   effect, with the reason (:func:`unused_reason`):
 
    * a plugin this engine does not use (another scheduling policy than
-     ``--scheduling-policy``, an IO processor while none is selected, an attention
-     backend other than the one the platform picks, a model for another architecture);
+     ``--scheduling-policy``, another structured-output backend than
+     ``--structured-outputs-backend``, an IO processor or KV connector while none or
+     another is selected, an attention backend other than the one the platform picks, a
+     model for another architecture);
    * a plugin of a group whose plugins receive no options in SDK 1.x (general plugins,
      platforms, quantization, linear kernels, custom ops, worker extensions, endpoints).
 
-   A bad value stops start-up with a :class:`~engine.sdk.errors.PluginError` naming the
-   plugin, group and distribution, what was wrong and the options it accepts. Valid
-   values are accepted and logged at INFO as having no effect, with the reason.
-
-Plugins the engine uses (and ones whose use is decided later, such as linear kernels
-chosen per layer by priority) are validated where they are built, as before.
+   Tool parsers are chosen by the server (``--tool-call-parser``), not by the engine's
+   config: :func:`check_application_options` checks them once the application made its
+   choice (the server when it loads its parser, ``LLM``, which parses no tool calls, at
+   start-up).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pydantic
 
-from engine.core.config import EngineConfig
+from engine.core.config import EngineConfig, plugin_options_for
 from engine.core.plugins import PluginCatalog, PluginEntry
 from engine.core.plugins._loader import identity, plugin_error
-from engine.sdk.errors import ValidationError
+from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import (
     ATTENTION_BACKENDS,
     CUSTOM_OPS,
@@ -48,11 +57,15 @@ from engine.sdk.groups import (
     IO_PROCESSORS,
     KV_CONNECTORS,
     LINEAR_KERNELS,
+    LOGITS_PROCESSORS,
     MODELS,
     PLATFORMS,
     QUANTIZATION,
     SCHEDULERS,
     SCHEDULING_POLICIES,
+    STAT_LOGGERS,
+    STRUCTURED_OUTPUT_BACKENDS,
+    TOOL_PARSERS,
     WORKER_EXTENSIONS,
 )
 from engine.sdk.plugin import PluginOptions
@@ -72,7 +85,19 @@ _SELECTED_BY_FLAG = {
     SCHEDULING_POLICIES: ("scheduling_policy", "--scheduling-policy", "scheduling policy"),
     KV_CONNECTORS: ("kv_connector", "--kv-connector", "KV connector"),
     IO_PROCESSORS: ("io_processor", "--io-processor", "IO processor"),
+    STRUCTURED_OUTPUT_BACKENDS: ("structured_outputs_backend", "--structured-outputs-backend",
+                                 "structured-output backend"),
 }
+
+#: Groups of which every allowed plugin is used.
+ALL_USED_GROUPS = frozenset({LOGITS_PROCESSORS, STAT_LOGGERS})
+
+#: Groups whose plugin the application on top of the engine chooses (the server), not
+#: ``EngineConfig``: (flag, what it is called). See :func:`check_application_options`.
+APPLICATION_CHOICES = {TOOL_PARSERS: ("--tool-call-parser", "tool parser")}
+
+#: Groups whose plugin in use the platform or the checkpoint decides at start-up.
+DECIDED_AT_START_UP = frozenset({ATTENTION_BACKENDS, MODELS})
 
 
 def _short(group: str) -> str:
@@ -137,18 +162,16 @@ def option_targets(config: EngineConfig, catalog: PluginCatalog) -> list[PluginE
 
 
 def unused_reason(setup: EngineSetup, entry: PluginEntry) -> str | None:
-    """Why ``entry``'s options cannot have an effect in this engine, or None if they may."""
+    """Why ``entry``'s options cannot have an effect in this engine, or None if they may.
+
+    Tool parsers (:data:`APPLICATION_CHOICES`) are the application's choice: None here.
+    """
     group, name, config = entry.group, entry.name, setup.config
     if group in NO_OPTIONS_GROUPS:
         return f"{group} plugins receive no options in SDK 1.x"
     if group in _SELECTED_BY_FLAG:
         field, flag, kind = _SELECTED_BY_FLAG[group]
-        chosen = getattr(config, field)
-        if chosen == name:
-            return None
-        if chosen is None:
-            return f"no {kind} is selected ({flag})"
-        return f"this engine uses {kind} {chosen!r} ({flag})"
+        return _choice_reason(getattr(config, field), name, flag, kind, "engine")
     if group == ATTENTION_BACKENDS:
         chosen = setup.attention_backend or _default_attention_backend(setup)
         if chosen is None or chosen == name:
@@ -162,7 +185,16 @@ def unused_reason(setup: EngineSetup, entry: PluginEntry) -> str | None:
         if chosen is None or chosen == name:
             return None
         return f"the checkpoint's architecture is served by {chosen!r}"
-    return None  # every allowed logits processor and stat logger is used
+    return None  # ALL_USED_GROUPS, APPLICATION_CHOICES
+
+
+def _choice_reason(chosen: str | None, name: str, flag: str, kind: str, who: str,
+                   ) -> str | None:
+    if chosen == name:
+        return None
+    if chosen is None:
+        return f"no {kind} is selected ({flag})"
+    return f"this {who} uses {kind} {chosen!r} ({flag})"
 
 
 def _default_attention_backend(setup: EngineSetup) -> str | None:
@@ -205,7 +237,8 @@ def _errors(exc: pydantic.ValidationError) -> str:
     parts = []
     for error in exc.errors():
         where = ".".join(str(p) for p in error["loc"]) or "options"
-        got = "" if error["type"] == "extra_forbidden" else f" (got {error['input']!r})"
+        got = ("" if error["type"] in ("extra_forbidden", "missing")
+               else f" (got {error['input']!r})")
         parts.append(f"{where}: {error['msg']}{got}")
     return "; ".join(parts)
 
@@ -217,31 +250,114 @@ def _options_class(obj: Any) -> type[PluginOptions]:
     return PluginOptions  # a callable entry (general plugin, platform, endpoint factory)
 
 
-def _keys_for(config: EngineConfig, entry: PluginEntry) -> Iterable[str]:
-    return [key for key in (entry.name, f"{entry.group}:{entry.name}")
-            if key in config.plugin_options]
+def validated_options(catalog: PluginCatalog, group: str, name: str, plugin: Any,
+                      plugin_options: Mapping[str, Mapping[str, Any]], *,
+                      flag_values: tuple[str, Mapping[str, Any]] | None = None,
+                      unused: str | None = None, entry: PluginEntry | None = None,
+                      ) -> PluginOptions:
+    """``plugin.Options`` from the values given for ``name``: how every group checks options.
+
+    Args:
+        catalog: The catalog that names the plugin (and its distribution) in an error.
+        group: The plugin's group.
+        name: The plugin as it was selected (an entry name or ``module:Class``).
+        plugin: The loaded entry: a class with an ``Options`` model (anything else accepts
+            no options).
+        plugin_options: ``EngineConfig.plugin_options`` (``--plugin-option``); values given
+            as ``GROUP:NAME`` override those given as ``NAME``.
+        flag_values: ``(flag, values)`` of a group's own option flag, overriding both
+            (``--kv-connector-option``).
+        unused: Why the values would have no effect, said in the error; None when the
+            plugin is used.
+        entry: The entry an error names, where ``name`` alone does not say which of
+            several same-named entries is meant (a model chosen by ``--model-impl``).
+
+    Returns:
+        The validated options.
+
+    Raises:
+        PluginError: a value does not validate (or a required one is missing), naming the
+            plugin, group and distribution, where the values came from, each key and what
+            was wrong with it, and the options the plugin accepts.
+    """
+    def error(cause: str) -> PluginError:
+        return plugin_error(entry, cause) if entry is not None else catalog.error(
+            group, name, cause)
+
+    options_cls = _options_class(plugin)
+    values = plugin_options_for(plugin_options, group, name)
+    given = _given_keys(plugin_options, group, name)
+    if flag_values is not None and flag_values[1]:
+        values.update(flag_values[1])
+        given.append(flag_values[0])
+    try:
+        return options_cls(**values)
+    except pydantic.ValidationError as exc:
+        problems = _errors(exc)
+    except Exception as exc:
+        raise error(f"validating its options raised {type(exc).__name__}: {exc}") from exc
+    source = " and ".join(given) if given else "options (none given)"
+    note = "" if unused is None else f" (checked although they would have no effect: {unused})"
+    raise error(f"invalid {source}: {problems}. {describe_options(options_cls)}{note}"
+                ) from None
 
 
-def check_unused_options(setup: EngineSetup) -> None:
-    """Validate the options of every named plugin that will not validate them itself.
+def check_plugin_options(setup: EngineSetup) -> None:
+    """Validate the options of every named plugin and of every stat logger (front end).
 
-    See the module docstring. Call in the front end once ``setup`` is resolved.
+    See the module docstring. Call in the front end once ``setup`` is resolved; tool
+    parsers wait for :func:`check_application_options`.
 
     Raises:
         PluginError: a value does not validate, naming the plugin, its group and
             distribution, what was wrong and the options it accepts.
     """
     config, catalog = setup.config, setup.catalog
-    for entry in option_targets(config, catalog):
+    targets = option_targets(config, catalog)
+    entries = {e.key: e for e in [*targets, *catalog.allowed(STAT_LOGGERS)]}
+    for entry in entries.values():
+        if entry.group in APPLICATION_CHOICES:
+            continue
         reason = unused_reason(setup, entry)
-        if reason is None:
-            continue  # validated where the engine builds it
-        options_cls = _options_class(catalog.load(entry.group, entry.name))
-        keys = " and ".join(f"--plugin-option {key}" for key in _keys_for(config, entry))
-        try:
-            options_cls(**config.options_for(entry.group, entry.name))
-        except pydantic.ValidationError as exc:
-            raise plugin_error(
-                entry, f"invalid {keys}: {_errors(exc)}. {describe_options(options_cls)} "
-                f"(checked although they would have no effect: {reason})") from exc
+        flag_values = (("--kv-connector-option", config.kv_connector_options)
+                       if entry.group == KV_CONNECTORS and reason is None else None)
+        _check(setup, entry, reason, flag_values)
+
+
+def check_application_options(setup: EngineSetup, group: str, chosen: str | None, *,
+                              unused: str | None = None) -> None:
+    """Validate the ``--plugin-option`` values of a group the application chooses from.
+
+    The server calls it for ``engine.tool_parsers`` when it loads its ``--tool-call-parser``
+    (``chosen``; None: none); ``LLM``, which parses no tool calls, at start-up with
+    ``unused`` saying so. Values of a plugin other than ``chosen`` are logged as having no
+    effect, as :func:`check_plugin_options` does for the engine's groups.
+
+    Raises:
+        PluginError: a value does not validate, naming the plugin, what was wrong and the
+            options it accepts.
+    """
+    flag, kind = APPLICATION_CHOICES[group]
+    for entry in option_targets(setup.config, setup.catalog):
+        if entry.group == group:
+            reason = unused or _choice_reason(chosen, entry.name, flag, kind, "server")
+            _check(setup, entry, reason)
+
+
+def _check(setup: EngineSetup, entry: PluginEntry, reason: str | None,
+           flag_values: tuple[str, Mapping[str, Any]] | None = None) -> None:
+    """Validate ``entry``'s options; log them as having no effect when ``reason`` says so."""
+    config = setup.config
+    validated_options(setup.catalog, entry.group, entry.name,
+                      setup.catalog.load(entry.group, entry.name), config.plugin_options,
+                      flag_values=flag_values, unused=reason)
+    if reason is not None:
+        keys = " and ".join(_given_keys(config.plugin_options, entry.group, entry.name))
         logger.info("%s: %s is valid but has no effect: %s", identity(entry), keys, reason)
+
+
+def _given_keys(plugin_options: Mapping[str, Mapping[str, Any]], group: str,
+                name: str) -> list[str]:
+    """``--plugin-option NAME`` and/or ``--plugin-option GROUP:NAME``: how they were given."""
+    return [f"--plugin-option {key}" for key in (name, f"{group}:{name}")
+            if key in plugin_options]

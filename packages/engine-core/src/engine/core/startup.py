@@ -28,7 +28,7 @@ from engine.core.model_loader import (
 )
 from engine.core.model_selection import architectures_of, choose_model
 from engine.core.platforms import select_platform
-from engine.core.plugin_options import check_option_targets, check_unused_options
+from engine.core.plugin_options import check_option_targets, check_plugin_options
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
 from engine.core.quantization import QuantizationSelection, resolve_quantization
 from engine.core.vllm_options import check_kv_cache_dtype, log_option_notes
@@ -192,8 +192,8 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         quantization=quantization,
         generation_defaults=load_generation_defaults(source, config.generation_config),
     )
-    if process == "frontend":  # the values no plugin constructor would check
-        check_unused_options(setup)
+    if process == "frontend":  # every --plugin-option value, before any weight loads
+        check_plugin_options(setup)
         log_option_notes(setup)  # vLLM options that change nothing here, and why
     logger.info("%s: model %s (%s), platform %s, dtype %s, max_model_len %d%s", process,
                 source.display_name, source.kind, platform.name,

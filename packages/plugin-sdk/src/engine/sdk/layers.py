@@ -26,6 +26,10 @@ repack there)::
                                      parallel="column", head_size=16)
             q_size, kv_size, _ = self.qkv.output_partition_sizes
 
+Rope: :func:`rope_settings` reads a transformers config's rope settings (transformers
+4.x ``rope_theta`` / ``rope_scaling`` or 5.x ``rope_parameters``) in the shape
+:meth:`LayerFactory.rotary_embedding` takes (added in 1.1).
+
 This module only describes the interface (``typing.Protocol``); the engine's
 implementation is ``engine.core.model_executor.layers.factory.LayerFactory``.
 
@@ -37,12 +41,15 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from engine.sdk._rope import rope_settings
+
 if TYPE_CHECKING:
     import torch
 
     from engine.sdk.ops import RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 
-__all__ = ["AttentionLayer", "EmbeddingLayer", "LayerFactory", "LinearLayer"]
+__all__ = ["AttentionLayer", "EmbeddingLayer", "LayerFactory", "LinearLayer",
+           "rope_settings"]
 
 
 @runtime_checkable
@@ -308,7 +315,8 @@ class LayerFactory(Protocol):
                 ``"llama3"``), ``rope_theta`` (the base), plus the type's own keys
                 (``"linear"``: ``factor``; ``"llama3"``: ``factor``, ``low_freq_factor``,
                 ``high_freq_factor``, ``original_max_position_embeddings``), as
-                transformers' ``rope_scaling`` spells them.
+                transformers spells them; :func:`rope_settings` reads them from a
+                transformers config of either era (other keys are ignored).
             is_neox_style: Rotate halves (NeoX, Llama) or interleaved pairs (GPT-J).
 
         Returns:

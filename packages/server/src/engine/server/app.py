@@ -24,6 +24,8 @@ from prometheus_client import CollectorRegistry
 from engine.core import __version__
 from engine.core.client.async_llm import AsyncLLM
 from engine.core.io_processing import load_io_processor
+from engine.core.plugin_options import check_application_options
+from engine.sdk.groups import TOOL_PARSERS
 from engine.server import basic, chat, completions, dev, load, metrics, pooling, tokenize
 from engine.server.access import APIKeyMiddleware, check_public_paths
 from engine.server.endpoints import (
@@ -43,12 +45,15 @@ def load_tool_parser(engine: AsyncLLM, args: ServerArgs) -> ToolParserSelection 
 
     Raises:
         ValueError: one of the two flags without the other.
-        PluginError: the parser is unknown or fails to load.
+        PluginError: the parser is unknown or fails to load, or a ``--plugin-option`` value
+            for a tool parser is invalid.
     """
     if args.enable_auto_tool_choice != (args.tool_call_parser is not None):
         raise ValueError("--enable-auto-tool-choice and --tool-call-parser NAME go together "
                          "(tool_choice \"auto\" needs a parser to find the calls in the text; "
                          "built in: hermes, llama3_json)")
+    # Values given to the other parsers (or to any, without one) are checked and logged.
+    check_application_options(engine.setup, TOOL_PARSERS, args.tool_call_parser)
     if args.tool_call_parser is None:
         return None
     return ToolParserSelection.load(engine.setup, args.tool_call_parser,

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from typing import Any
 
+from engine.core.plugin_options import validated_options
 from engine.core.startup import EngineSetup
 from engine.sdk.groups import KV_CONNECTORS
 from engine.sdk.kv_connector import (
@@ -71,14 +71,10 @@ def kv_connector_options(setup: EngineSetup, cls: type[KVConnector]) -> PluginOp
         PluginError: an option is unknown or invalid, naming the connector.
     """
     config = setup.config
-    name = config.kv_connector or cls.name
-    values: dict[str, Any] = {**config.options_for(KV_CONNECTORS, name),
-                              **config.kv_connector_options}
-    try:
-        return cls.Options(**values)
-    except Exception as exc:
-        raise setup.catalog.error(
-            KV_CONNECTORS, name, f"invalid --kv-connector-option: {exc}") from exc
+    return validated_options(
+        setup.catalog, KV_CONNECTORS, config.kv_connector or cls.name, cls,
+        config.plugin_options,
+        flag_values=("--kv-connector-option", config.kv_connector_options))
 
 
 def engine_id_of(setup: EngineSetup) -> str:

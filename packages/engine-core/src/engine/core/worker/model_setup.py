@@ -16,16 +16,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core.config import plugin_options_for
 from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
-from engine.core.model_selection import AUTO, architectures_of, choose_model
+from engine.core.model_selection import AUTO, ModelChoice, architectures_of, choose_model
 from engine.core.plugin_faults import guard_forward
+from engine.core.plugin_options import validated_options
 from engine.core.plugins import PluginCatalog
 from engine.core.plugins._loader import plugin_error
 from engine.core.plugins._precedence import ambiguity_error
+from engine.core.worker.model_faults import naming_model, watched
 from engine.sdk.attention import AttentionBackend, AttentionSpec, select_backend
 from engine.sdk.errors import PluginError, UnsupportedError
 from engine.sdk.groups import ATTENTION_BACKENDS, LINEAR_KERNELS, MODELS
@@ -33,7 +34,6 @@ from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_li
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.platform import Platform, PlatformInfo
-from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import QuantizationConfig
 
 
@@ -47,18 +47,18 @@ class BuiltModel:
 
 
 def resolve_model_class(catalog: PluginCatalog, hf_config: Any, model_impl: str = AUTO
-                        ) -> tuple[str, type[nn.Module]]:
-    """The architecture name and ``engine.models`` class for the checkpoint.
+                        ) -> tuple[ModelChoice, type[nn.Module]]:
+    """The checkpoint's model: which ``engine.models`` entry serves it, and its class.
 
     See ``engine.core.model_selection`` (``--model-impl``).
 
     Raises:
         PluginError: no architecture of the checkpoint has a model, listing what exists, or
-            two model plugins serve it under ``auto``.
+            two model plugins serve it under ``auto``; or the class does not load.
     """
     choice = choose_model(catalog, architectures_of(hf_config), model_impl)
     cls: type[nn.Module] = catalog.load_resolved(choice.entry)
-    return choice.architecture, cls
+    return choice, cls
 
 
 def resolve_attention_backend(
@@ -152,23 +152,6 @@ def make_linear_kernel_selector(
     return selector
 
 
-def _validated_options(
-    catalog: PluginCatalog, group: str, name: str, cls: type,
-    plugin_options: Mapping[str, Mapping[str, Any]],
-) -> PluginOptions:
-    """``cls.Options`` built from the ``--plugin-option`` values for ``name``.
-
-    Raises:
-        PluginError: a value does not validate, naming the plugin and its distribution.
-    """
-    options_cls = getattr(cls, "Options", PluginOptions)
-    try:
-        options: PluginOptions = options_cls(**plugin_options_for(plugin_options, group, name))
-    except Exception as exc:
-        raise catalog.error(group, name, f"invalid options: {exc}") from exc
-    return options
-
-
 def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int,
                          tp_size: int = 1) -> AttentionSpec:
     """One rank's attention spec of a Llama-family config (for backend selection).
@@ -209,14 +192,14 @@ def build_model(
     picks among several models for the checkpoint's architecture.
     """
     options = plugin_options or {}
-    arch, model_cls = resolve_model_class(catalog, hf_config, model_impl)
+    choice, model_cls = resolve_model_class(catalog, hf_config, model_impl)
     spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
     backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     backend_name = attention_backend or platform.default_attention_backend(spec)
     factory = LayerFactory(
         dtype=dtype, block_size=block_size, attention_backend=backend,
-        backend_options=_validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
-                                           options),
+        backend_options=validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
+                                          options),
         op_classes=resolve_custom_ops(catalog, custom_ops, platform.device_type,
                                       platform.info()),
         dispatch_key=platform.device_type,
@@ -224,11 +207,14 @@ def build_model(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
         tp=tp, quant_config=quant_config,
     )
-    with torch.device(device):
-        model = model_cls(ModelContext(
-            plugin_name=arch, process="worker", hf_config=hf_config, dtype=spec.dtype,
-            layers=factory,
-            options=_validated_options(catalog, MODELS, arch, model_cls, options),
-        ))
-    load_weights_into(model, weights)  # random ones for --load-format dummy
+    arch = choice.architecture
+    ctx = ModelContext(plugin_name=arch, process="worker", hf_config=hf_config,
+                       dtype=spec.dtype, layers=factory,
+                       options=validated_options(catalog, MODELS, arch, model_cls, options,
+                                                 entry=choice.entry))
+    with naming_model(choice.entry, "constructing it"), torch.device(device):
+        model = model_cls(ctx)
+    with naming_model(choice.entry, "loading its weights (load_weights)") as loader_errors:
+        # random ones for --load-format dummy
+        load_weights_into(model, watched(weights, loader_errors))
     return BuiltModel(model.eval(), factory, backend)

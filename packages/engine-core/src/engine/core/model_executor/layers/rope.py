@@ -1,8 +1,10 @@
 """RoPE frequencies, including the scaled variants checkpoints declare.
 
 Supported ``rope_type`` values: ``default``, ``linear``, ``llama3``, ``dynamic`` is
-refused with an error (its frequencies depend on the sequence length). Transformers 4.x
-(``rope_theta`` + ``rope_scaling``) and 5.x (``rope_parameters``) config styles are read.
+refused with an error (its frequencies depend on the sequence length). The settings come
+from :func:`engine.sdk.layers.rope_settings`, which reads transformers 4.x (``rope_theta``
++ ``rope_scaling``) and 5.x (``rope_parameters``) configs, for built-in and plugin models
+alike.
 """
 
 from __future__ import annotations
@@ -13,20 +15,6 @@ from typing import Any
 import torch
 
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-
-
-def rope_parameters(hf_config: Any) -> dict[str, Any]:
-    """The rope settings of a config as one dict with ``rope_type`` and ``rope_theta``."""
-    params = dict(getattr(hf_config, "rope_parameters", None) or {})
-    scaling = getattr(hf_config, "rope_scaling", None) or {}
-    for key, value in dict(scaling).items():
-        params.setdefault(key, value)
-    if "type" in params and "rope_type" not in params:
-        params["rope_type"] = params.pop("type")
-    params.setdefault("rope_type", "default")
-    theta = params.get("rope_theta") or getattr(hf_config, "rope_theta", None) or 10000.0
-    params["rope_theta"] = float(theta)
-    return params
 
 
 def inv_frequencies(rotary_dim: int, params: dict[str, Any]) -> torch.Tensor:

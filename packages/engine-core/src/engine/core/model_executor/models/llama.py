@@ -5,7 +5,9 @@ Switches read from the Hugging Face config:
 * ``num_key_value_heads`` < ``num_attention_heads``: grouped-query attention;
 * ``attention_bias`` (Llama) or the Qwen2 architecture: bias on q, k, v;
 * ``tie_word_embeddings``: the LM head reuses the embedding table;
-* ``rope_parameters`` / ``rope_scaling``: see ``layers.rope``;
+* rope (5.x ``rope_parameters``, 4.x ``rope_theta`` / ``rope_scaling``, and
+  ``partial_rotary_factor``): read by ``engine.sdk.layers.rope_settings``, as a plugin
+  reads them; the frequencies in ``layers.rope``;
 * ``head_dim``: when it is not ``hidden_size / num_attention_heads`` (Mistral variants);
 * ``sliding_window`` (Mistral, when ``use_sliding_window`` is not False).
 
@@ -24,8 +26,7 @@ import torch
 from torch import nn
 
 from engine.core.model_executor.layers.linear import copy_into_parameter
-from engine.core.model_executor.layers.rope import rope_parameters
-from engine.sdk.layers import LayerFactory
+from engine.sdk.layers import LayerFactory, rope_settings
 from engine.sdk.model import ModelContext, ModelInterface
 
 #: Checkpoint names folded into fused layers: (fused name, checkpoint name, shard index).
@@ -61,8 +62,10 @@ class LlamaAttention(nn.Module):
         self.o_proj = layers.linear(f"{prefix}.o_proj", total_q, (config.hidden_size,),
                                     bias=bool(getattr(config, "attention_bias", False)),
                                     parallel="row")
+        rope = rope_settings(config)
         self.rotary_emb = layers.rotary_embedding(
-            self.head_dim, self.head_dim, config.max_position_embeddings, rope_parameters(config),
+            self.head_dim, int(self.head_dim * rope.get("partial_rotary_factor", 1.0)),
+            config.max_position_embeddings, rope,
         )
         window = getattr(config, "sliding_window", None)
         if getattr(config, "use_sliding_window", True) is False:
