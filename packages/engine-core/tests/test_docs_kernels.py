@@ -152,6 +152,28 @@ def test_the_int8_method_and_kernel_serve_a_quantized_checkpoint(
         assert_kv_pool_full(llm)
 
 
+def test_the_int8_methods_float32_scales_keep_their_values_in_a_bfloat16_model(
+        my_plugin: Path, install: Callable[[str, str, type], None], tiny_llama: Path,
+        tmp_path: Path) -> None:
+    """quantization.md, "Dtypes": a parameter is loaded in the dtype it was created with."""
+    from my_plugin.kernels import TorchInt8Kernel
+    from my_plugin.quant import Int8Config
+
+    install(QUANTIZATION, "my_int8", Int8Config)
+    install(LINEAR_KERNELS, "torch_int8", TorchInt8Kernel)
+    quantize_checkpoint(tiny_llama, tmp_path / "int8", tmp_path / "dequantized")
+    stored = load_file(tmp_path / "int8" / "model.safetensors")
+    want = torch.cat([stored[f"model.layers.0.self_attn.{p}_proj.weight_scale"]
+                      for p in "qkv"])
+    assert not torch.equal(want.bfloat16().float(), want)  # bfloat16 would round them
+    with tiny(tmp_path / "int8", dtype="bfloat16",
+              disabled_kernels=("int8_int_mm", "int8_reference")) as llm:
+        qkv = llm.llm_engine.core.worker.built.model.layers[0].self_attn.qkv_proj
+        assert qkv.weight_scale.dtype == torch.float32
+        assert torch.equal(qkv.weight_scale, want)
+        assert len(greedy(llm)[0]) == GREEDY.max_tokens
+
+
 def test_the_int8_kernel_claims_only_its_scheme(my_plugin: Path) -> None:
     from my_plugin.kernels import TorchInt8Kernel
 
