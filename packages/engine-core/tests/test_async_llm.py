@@ -238,3 +238,21 @@ def test_logging_stat_logger_lines(caplog: pytest.LogCaptureFixture) -> None:
     finished, throughput = (r.getMessage() for r in caplog.records)
     assert "r1" in finished and "finish_reason=stop" in finished and "latency=0.500s" in finished
     assert "generation throughput" in throughput and "KV cache usage: 25.0%" in throughput
+    assert "External" not in throughput  # no KV connector
+
+
+def test_logging_stat_logger_reports_the_connector_hit_rate(
+        caplog: pytest.LogCaptureFixture) -> None:
+    from engine.core.client.stat_loggers import LoggingStatLogger
+    from engine.sdk.stat_logger import StatLoggerContext
+    from engine.sdk.stats import PrefixCacheStats
+
+    stat_logger = LoggingStatLogger(StatLoggerContext(model="m"))
+    caplog.set_level("INFO", logger="engine.stats")
+    for local, external in (((16, 4), (12, 3)), ((16, 0), (16, 13))):
+        stat_logger.record(SchedulerStats(
+            num_running_reqs=1, prefix_cache=PrefixCacheStats(*local),
+            connector_prefix_cache=PrefixCacheStats(*external)), None)
+    stat_logger.log()
+    (line,) = (r.getMessage() for r in caplog.records)
+    assert line.endswith("Prefix cache hit rate: 12.5%, External prefix cache hit rate: 57.1%")

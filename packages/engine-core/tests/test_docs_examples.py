@@ -78,6 +78,7 @@ RUN_BY: dict[str, dict[str, str]] = {
         "from __future__ import annotations": _TESTS + "test_docs_kv_connectors.py",
         "from engine.testing.contracts import check_kv_connector":
             _TESTS + "test_docs_kv_connectors.py",
+        "# tests/test_prefix_store_engine.py": _TESTS + "test_docs_kv_connectors.py",
     },
     "linear-kernels.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py"},
     "logits-processors.md": {
@@ -98,7 +99,8 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# src/acme_plugins/platform.py": _TESTS + "test_docs_seams.py",
         "# tests/test_platform.py": _TESTS + "test_docs_seams.py",
     },
-    "quantization.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py"},
+    "quantization.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py",
+                        "# tests/test_my_int8.py": _TESTS + "test_docs_kernels.py"},
     "schedulers.md": {
         "# src/acme_plugins/policy.py": _TESTS + "test_docs_schedulers.py",
         "# src/acme_plugins/reserving.py": _TESTS + "test_docs_schedulers.py",

@@ -9,13 +9,13 @@ engine on the tiny test checkpoint, in this process:
 * the ``my_int8`` method (selected by the checkpoint's ``quant_method``, with its
   ``modules_to_not_convert``) on a checkpoint quantized to channelwise int8, computing
   through the page's ``torch_int8`` kernel, gives the greedy tokens of the float
-  checkpoint holding the same (dequantized) weights.
+  checkpoint holding the same (dequantized) weights; quantization.md's own test block
+  (``# tests/test_my_int8.py``, whose ``quantize`` builds those checkpoints here too)
+  passes as written.
 """
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -23,14 +23,14 @@ from typing import Any
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
 
 from engine.core import LLM
 from engine.sdk import SamplingParams, UnsupportedError
 from engine.sdk.attention import AttentionSpec, select_backend
 from engine.sdk.groups import LINEAR_KERNELS, QUANTIZATION
 from engine.sdk.platform import PlatformInfo
-from engine.testing.docs import code_block, page_package
+from engine.testing.docs import code_block, exec_block, page_package
 from engine.testing.engine import assert_kv_pool_full
 from engine.testing.test_plugins import entry_installer
 
@@ -105,27 +105,33 @@ def test_the_torch_paged_backend_turns_down_what_it_says(my_plugin: Path) -> Non
 # -- linear-kernels.md + quantization.md ----------------------------------------------------
 
 
+def page_test_namespace() -> dict[str, Any]:
+    """quantization.md's test block, executed (its ``quantize`` is used here too)."""
+    return exec_block(code_block("quantization.md", "# tests/test_my_int8.py"))
+
+
 def quantize_checkpoint(source: Path, target: Path, reference: Path) -> None:
-    """``target``: ``source`` with its linear layers in channelwise int8 (``my_int8``);
-    ``reference``: ``source`` with the same weights dequantized to float32."""
-    for path in (target, reference):
-        shutil.copytree(source, path)
-    tensors = load_file(source / "model.safetensors")
-    quantized, dequantized = dict(tensors), dict(tensors)
-    for name, weight in tensors.items():
-        if not name.endswith("_proj.weight") or SKIP in name:
-            continue
-        scale = weight.abs().amax(dim=1) / 127
-        int8 = torch.round(weight / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        quantized[name] = int8
-        quantized[name.removesuffix("weight") + "weight_scale"] = scale.float()
-        dequantized[name] = int8.float() * scale[:, None]
-    save_file(quantized, target / "model.safetensors")
-    save_file(dequantized, reference / "model.safetensors")
-    config = json.loads((target / "config.json").read_text())
-    config["quantization_config"] = {"quant_method": "my_int8",
-                                     "modules_to_not_convert": [SKIP]}
-    (target / "config.json").write_text(json.dumps(config))
+    """``target``: ``source`` with its linear layers in channelwise int8 (``my_int8``, the
+    page's ``quantize``); ``reference``: the same weights dequantized to float32."""
+    page_test_namespace()["quantize"](source, target, reference)
+
+
+def test_the_quantization_page_test_passes(
+        my_plugin: Path, install: Callable[[str, str, type], None], tiny_llama: Path,
+        tmp_path: Path) -> None:
+    from my_plugin.kernels import TorchInt8Kernel
+    from my_plugin.quant import Int8Config
+
+    install(QUANTIZATION, "my_int8", Int8Config)
+    install(LINEAR_KERNELS, "torch_int8", TorchInt8Kernel)
+    namespace = page_test_namespace()
+    assert namespace["SKIP"] == SKIP
+    ran = []
+    for name in ("test_serves_the_checkpoint_like_its_dequantized_weights",
+                 "test_bad_settings_stop_start_up"):
+        namespace[name](tiny_llama_checkpoint=tiny_llama, tmp_path=tmp_path / name)
+        ran.append(name)
+    assert sorted(ran) == sorted(n for n in namespace if n.startswith("test_"))
 
 
 def test_the_int8_method_and_kernel_serve_a_quantized_checkpoint(
@@ -150,6 +156,28 @@ def test_the_int8_method_and_kernel_serve_a_quantized_checkpoint(
         assert model.lm_head.weight.dtype == torch.float32  # kind "lm_head": left alone
         assert greedy(llm) == reference
         assert_kv_pool_full(llm)
+
+
+def test_the_int8_methods_float32_scales_keep_their_values_in_a_bfloat16_model(
+        my_plugin: Path, install: Callable[[str, str, type], None], tiny_llama: Path,
+        tmp_path: Path) -> None:
+    """quantization.md, "Dtypes": a parameter is loaded in the dtype it was created with."""
+    from my_plugin.kernels import TorchInt8Kernel
+    from my_plugin.quant import Int8Config
+
+    install(QUANTIZATION, "my_int8", Int8Config)
+    install(LINEAR_KERNELS, "torch_int8", TorchInt8Kernel)
+    quantize_checkpoint(tiny_llama, tmp_path / "int8", tmp_path / "dequantized")
+    stored = load_file(tmp_path / "int8" / "model.safetensors")
+    want = torch.cat([stored[f"model.layers.0.self_attn.{p}_proj.weight_scale"]
+                      for p in "qkv"])
+    assert not torch.equal(want.bfloat16().float(), want)  # bfloat16 would round them
+    with tiny(tmp_path / "int8", dtype="bfloat16",
+              disabled_kernels=("int8_int_mm", "int8_reference")) as llm:
+        qkv = llm.llm_engine.core.worker.built.model.layers[0].self_attn.qkv_proj
+        assert qkv.weight_scale.dtype == torch.float32
+        assert torch.equal(qkv.weight_scale, want)
+        assert len(greedy(llm)[0]) == GREEDY.max_tokens
 
 
 def test_the_int8_kernel_claims_only_its_scheme(my_plugin: Path) -> None:

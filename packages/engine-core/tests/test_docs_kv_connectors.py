@@ -1,8 +1,8 @@
 """docs/plugins/kv-connectors.md: its connector passes its own test, and serves an engine.
 
 The page's connector block is written to a temporary ``my_plugin/connector.py`` (the
-module its test and its entry point name), its test block runs as written, and an engine
-selects the connector by ``module:Class``.
+module its tests and its entry point name), and its two test blocks run as written: the
+contract suite, and an engine that selects the connector by ``module:Class``.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.core import LLM, SamplingParams
-from engine.testing.docs import code_blocks
-from engine.testing.engine import assert_kv_pool_full
+from engine.testing.docs import code_blocks, run_page_tests
 
 PAGE = Path(__file__).resolve().parents[3] / "docs" / "plugins" / "kv-connectors.md"
 
@@ -26,7 +24,7 @@ def python_blocks() -> list[str]:
 
 @pytest.fixture
 def my_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    connector, _ = python_blocks()
+    connector = python_blocks()[0]
     package = tmp_path / "my_plugin"
     package.mkdir()
     (package / "__init__.py").write_text("")
@@ -37,28 +35,18 @@ def my_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]
         del sys.modules[name]
 
 
-def test_the_page_has_the_connector_and_its_test() -> None:
+def test_the_page_has_the_connector_and_its_tests() -> None:
     blocks = python_blocks()
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     assert "class PrefixStoreConnector(KVConnector)" in blocks[0]
     assert "check_kv_connector(PrefixStoreConnector)" in blocks[1]
+    assert blocks[2].startswith("# tests/test_prefix_store_engine.py")
 
 
 def test_its_test_passes(my_plugin: Path) -> None:
-    namespace: dict[str, object] = {}
-    exec(compile(python_blocks()[1], str(PAGE), "exec"), namespace)
-    namespace["test_prefix_store_conforms"]()  # type: ignore[operator]
+    assert run_page_tests(python_blocks()[1]) == ["test_prefix_store_conforms"]
 
 
 def test_it_serves_an_engine(my_plugin: Path, tiny_llama: Path) -> None:
-    prompts = [{"prompt_token_ids": list(range(10, 60))}, {"prompt_token_ids": [7] * 20}]
-    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    with LLM(str(tiny_llama), dtype="float32", in_process=True, plugins="none",
-             num_kv_blocks=64, kv_connector="my_plugin.connector:PrefixStoreConnector") as llm:
-        first = llm.generate(prompts, params, use_tqdm=False)
-        assert llm.llm_engine.core.reset_prefix_cache()
-        again = llm.generate(prompts, params, use_tqdm=False)
-        assert [o.outputs[0].token_ids for o in again] == [o.outputs[0].token_ids
-                                                           for o in first]
-        assert [o.num_cached_tokens for o in again] == [48, 16]
-        assert_kv_pool_full(llm)
+    assert run_page_tests(python_blocks()[2], tiny_llama_checkpoint=tiny_llama) == [
+        "test_prefix_store_serves_an_engine"]

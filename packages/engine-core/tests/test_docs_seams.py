@@ -128,7 +128,8 @@ def test_custom_ops_is_supported_and_priority_example(
 
 
 def test_stat_loggers_page_test(acme: Path) -> None:
-    run_page_tests(block("stat-loggers.md", "# tests/test_statsd.py"))
+    assert sorted(run_page_tests(block("stat-loggers.md", "# tests/test_statsd.py"))) == [
+        "test_rejects_a_port_out_of_range", "test_sends_buffered_metrics_on_log"]
 
 
 def test_stat_loggers_offline_example_flushes_at_shutdown(

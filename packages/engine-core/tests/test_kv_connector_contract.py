@@ -11,12 +11,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+import torch
 
+from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
 from engine.core.kv_connectors import OffloadConnector, OffloadMeta
 from engine.core.kv_connectors._offload_scheduler import OffloadScheduler
 from engine.core.kv_connectors._offload_worker import OffloadWorker
 from engine.sdk import KVConnectorMetadata
-from engine.testing.contracts import KVConnectorReport, check_kv_connector
+from engine.testing.contracts import KVConnectorReport, KVSimConfig, check_kv_connector
+from engine.testing.contracts._kv_sim import KVConnectorDriver
 
 
 @pytest.mark.parametrize("mode", ["directory", "directory, async", "memory", "memory, async"])
@@ -112,3 +115,27 @@ def test_a_connector_that_never_hits_needs_expect_hits_false() -> None:
         check_kv_connector(NoStore, seeds=range(0))
     report = check_kv_connector(NoStore, expect_hits=False, seeds=range(0))
     assert report.num_external_tokens == 0
+
+
+def test_the_simulated_kv_cache_has_the_engines_cpu_layout() -> None:
+    """The fake worker's caches are what the built-in CPU backends allocate and write."""
+    heads, size, block_size = 3, 5, 4  # all different: a swapped dimension shows
+    config = KVSimConfig(block_size=block_size, num_kv_heads=heads, head_size=size,
+                         num_kv_blocks=8, max_model_len=32)
+    driver = KVConnectorDriver.start(OffloadConnector, OffloadConnector.Options(), config)
+    for backend in (CpuAttentionBackend, TorchAttentionBackend):
+        want = backend.get_kv_cache_shape(9, block_size, heads, size)
+        assert all(cache.shape == want for cache in driver.worker.kv_caches.values())
+    driver.add("r", list(range(10, 16)), max_tokens=1)
+    driver.step()
+    state = driver.worker.requests["r"]
+    cache = driver.worker.kv_caches[config.layer_names[0]]
+    pattern = torch.arange(2 * heads * size, dtype=torch.float32).view(2, heads, size)
+    bases = []
+    for position in range(6):  # the torch backend writes token t at [:, block, :, offset]
+        block, offset = state.block_ids[position // block_size], position % block_size
+        token = cache[:, block, :, offset]
+        bases.append(token[0, 0, 0].item())
+        assert torch.equal(token - bases[-1], pattern), position
+    assert len(set(bases)) == 6  # one value per token, heads and elements on top
+    driver.shutdown()

@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 
 from engine.core import LLM, SamplingParams
-from engine.sdk import PluginError
+from engine.sdk import PluginError, SchedulerStats
 from engine.testing.engine import assert_kv_pool_full, tokens_and_cached
 
 DIST = "engine-test-plugin-kvconn"
@@ -98,6 +98,35 @@ def test_selective_an_engine_without_it_never_calls_it(
         assert llm.llm_engine.core.kv_connector is None
         assert llm.llm_engine.core.worker.kv_connector is None
     assert not counted
+
+
+def hits(stats: SchedulerStats) -> tuple[tuple[int, int], tuple[int, int]]:
+    """``((local queries, local hits), (connector queries, connector hits))``."""
+    local, external = stats.prefix_cache, stats.connector_prefix_cache
+    assert external is not None, "an engine with a connector reports its lookups"
+    return (local.queries, local.hits), (external.queries, external.hits)
+
+
+@pytest.mark.parametrize("enable_prefix_caching", [True, False])
+def test_stats_count_local_and_connector_hits_once_each(
+        tiny_llama: Path, plugins_on_path: Path, reference: list[list[int]],
+        enable_prefix_caching: bool) -> None:
+    """Local hits in ``prefix_cache``, the connector's in ``connector_prefix_cache``."""
+    on = enable_prefix_caching
+    with make_llm(tiny_llama, enable_prefix_caching=on, **recorder()) as llm:
+        core = llm.llm_engine.core  # no stat logger drains them: counts since the last call
+        assert generate(llm) == (reference, [0, 16 if on else 0, 0])
+        # 103 prompt tokens; the connector is asked about the tokens past the local hits.
+        assert hits(core.make_stats()) == (((103, 16) if on else (0, 0)), (103 - 16 * on, 0))
+        assert core.reset_prefix_cache()
+        assert generate(llm) == (reference, [48, 32, 16])
+        # The second prompt's first block is a local hit when the first prompt, admitted
+        # in the same step, brought it from the store into the prefix cache.
+        assert hits(core.make_stats()) == (((103, 16), (87, 80)) if on else
+                                           ((0, 0), (103, 96)))  # 96 = 48 + 32 + 16
+    with make_llm(tiny_llama, enable_prefix_caching=on) as llm:  # no connector: no stats
+        generate(llm)
+        assert llm.llm_engine.core.make_stats().connector_prefix_cache is None
 
 
 def test_async_loads_and_delayed_frees_on_every_rank(

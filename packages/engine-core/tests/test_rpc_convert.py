@@ -143,7 +143,8 @@ def test_step_outputs_round_trip() -> None:
     stats = SchedulerStats(num_running_reqs=3, num_waiting_reqs=1, kv_cache_usage=0.375,
                            num_free_blocks=80, num_total_blocks=128,
                            prefix_cache=PrefixCacheStats(queries=64, hits=48, reset=True),
-                           num_preempted_reqs=2)
+                           num_preempted_reqs=2,
+                           connector_prefix_cache=PrefixCacheStats(queries=16, hits=8))
     msg = wire(convert.step_outputs_to_proto(OUTPUTS, stats, 1712345678.5))
     assert convert.step_outputs_from_proto(msg) == StepOutputs(
         outputs=OUTPUTS, scheduler_stats=stats, timestamp=1712345678.5)
@@ -154,6 +155,9 @@ def test_step_outputs_round_trip() -> None:
 def test_stats_and_info_round_trip() -> None:
     assert convert.stats_from_proto(wire(convert.stats_to_proto(SchedulerStats()))) == (
         SchedulerStats())
+    with_connector = SchedulerStats(connector_prefix_cache=PrefixCacheStats())  # all zero
+    assert convert.stats_from_proto(wire(convert.stats_to_proto(with_connector))) == (
+        with_connector)
     info = EngineInfo(model_name="tiny", max_model_len=256, num_kv_blocks=128, block_size=16,
                       vocab_size=512)
     assert convert.info_from_proto(wire(convert.info_to_proto(info))) == info

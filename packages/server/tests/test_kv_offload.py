@@ -2,8 +2,8 @@
 
 The first server computes the prompt and saves its full blocks; a second server, a new
 process started on the same directory, reports them as cached prompt tokens on its very
-first request (``engine:prefix_cache_hits_total``: its own prefix cache is still empty)
-and answers with the same greedy text.
+first request (``engine:external_prefix_cache_hits_total``; ``engine:prefix_cache_hits_total``
+counts its own prefix cache, still empty) and answers with the same greedy text.
 """
 
 from __future__ import annotations
@@ -19,11 +19,18 @@ from engine.testing.server import RemoteServer, running_server
 PROMPT = "The quick brown fox jumps over the lazy dog. " * 3  # 135 byte tokens: 8 full blocks
 
 
-def prefix_cache_hits(server: RemoteServer) -> float:
+def counters(server: RemoteServer, *names: str) -> tuple[float, ...]:
     text = httpx.get(server.url_for("metrics"), timeout=10).text
-    match = re.search(r"^engine:prefix_cache_hits_total\{[^}]*\} (\S+)$", text, re.MULTILINE)
-    assert match is not None, text[-2000:]
-    return float(match.group(1))
+    values = []
+    for name in names:
+        match = re.search(rf"^engine:{name}_total\{{[^}}]*\}} (\S+)$", text, re.MULTILINE)
+        assert match is not None, text[-2000:]
+        values.append(float(match.group(1)))
+    return tuple(values)
+
+
+HITS = ("prefix_cache_queries", "prefix_cache_hits", "external_prefix_cache_queries",
+        "external_prefix_cache_hits")
 
 
 def complete(server: RemoteServer) -> str:
@@ -39,8 +46,10 @@ def test_a_second_server_reports_the_first_ones_prompt_as_cached(
     args = ["--kv-connector", "offload", "--kv-connector-option", f"path={tmp_path}"]
     with running_server(tiny_llama_checkpoint, args, env=env) as first:
         text = complete(first)
-        assert prefix_cache_hits(first) == 0
+        # 135 prompt tokens looked up locally, none found; all asked of the connector.
+        assert counters(first, *HITS) == (135, 0, 135, 0)
     assert len(list(tmp_path.glob("*/rank0/*/*.kv"))) == 8
     with running_server(tiny_llama_checkpoint, args, env=env) as second:
         assert complete(second) == text
-        assert prefix_cache_hits(second) == 8 * 16  # its first request, from the directory
+        # Its first request: 8 blocks from the directory, each counted once.
+        assert counters(second, *HITS) == (135, 0, 135, 8 * 16)

@@ -224,7 +224,8 @@ def test_metrics_names(server: RemoteServer, client: openai.OpenAI) -> None:
     text = httpx.get(server.url_for("metrics"), headers=server.headers).text
     for name in ("engine:num_requests_running", "engine:num_requests_waiting",
                  "engine:kv_cache_usage_perc", "engine:prefix_cache_queries_total",
-                 "engine:prefix_cache_hits_total", "engine:prompt_tokens_total",
+                 "engine:prefix_cache_hits_total", "engine:external_prefix_cache_queries_total",
+                 "engine:external_prefix_cache_hits_total", "engine:prompt_tokens_total",
                  "engine:generation_tokens_total", "engine:time_to_first_token_seconds_bucket",
                  "engine:inter_token_latency_seconds_bucket",
                  "engine:e2e_request_latency_seconds_bucket", "engine:request_success_total"):

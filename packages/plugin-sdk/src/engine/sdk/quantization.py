@@ -31,6 +31,12 @@ layer parameter ``<param_name>``. A parameter may carry attributes that tell it 
   column- / row-parallel layers, and where fused shards (``output_partition_sizes``) are
   stacked. A parameter with neither is copied whole (per-tensor scales).
 
+Dtypes: a floating-point checkpoint tensor reaches a floating-point parameter (and its
+``weight_loader``) in the dtype the method created the parameter with, cast once from the
+checkpoint's values: a float32 ``weight_scale`` in a bfloat16 model gets the checkpoint's
+float32 values, unrounded. Integer tensors and parameters are never cast. (Engines before
+SDK 1.1 rounded every floating-point tensor to the model dtype first.)
+
 Linear methods usually delegate the matmul to a :class:`~engine.sdk.linear_kernel.
 LinearKernel` obtained through ``LayerInfo.linear_kernel_selector``, so that faster
 kernels (and ``--linear-kernel`` / ``--disabled-kernels``) apply to them.
@@ -196,6 +202,10 @@ class QuantizeMethod(ABC):
         checkpoint's name (``weight``, ``weight_scale``, ...), with ``requires_grad=False``;
         give each sharded parameter ``output_dim``/``input_dim`` or a ``weight_loader``
         (see the module docstring). Must not register the bias (the engine does).
+
+        May: create a floating-point parameter in another dtype than
+        ``info.params_dtype`` (e.g. float32 scales): it is loaded in that dtype from the
+        checkpoint's values (module docstring, "Dtypes"; since 1.1).
         """
         raise NotImplementedError
 

@@ -10,15 +10,24 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class PrefixCacheStats:
-    """Prefix-cache lookups since the previous snapshot.
+    """Prefix-cache lookups since the previous snapshot, counted at each admission.
+
+    One type for two caches (as vLLM has): ``SchedulerStats.prefix_cache`` is the engine's
+    own prefix cache, ``SchedulerStats.connector_prefix_cache`` what a KV connector was
+    asked for. A cached prompt token is a hit in exactly one of them.
 
     Attributes:
-        queries: Prompt tokens looked up.
-        hits: Of those, tokens found in the cache (the prefix cache, or supplied by a KV
-            connector from outside the engine).
-        reset: True if the cache was reset since the previous snapshot.
+        queries: Prompt tokens looked up (in the connector's: the tokens past the local
+            hits, which are what the connector is asked about).
+        hits: Of those, tokens found (in the connector's: the tokens it supplied).
+        reset: True if the cache was reset since the previous snapshot (always False for
+            the connector's).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1
+       Tokens a KV connector supplies are counted in ``connector_prefix_cache``, not in
+       ``prefix_cache`` (1.0 added them to ``prefix_cache.hits`` when the local prefix
+       cache was on, and nowhere when it was off).
     """
 
     queries: int = 0
@@ -36,10 +45,16 @@ class SchedulerStats:
         kv_cache_usage: Fraction of KV blocks in use, in [0, 1].
         num_free_blocks: KV blocks free (evictable cached blocks count as free).
         num_total_blocks: KV blocks in the pool.
-        prefix_cache: Lookups since the previous snapshot.
+        prefix_cache: Lookups in the engine's own prefix cache since the previous
+            snapshot (all zero when ``--enable-prefix-caching`` is off).
         num_preempted_reqs: Requests preempted since the previous snapshot.
+        connector_prefix_cache: Lookups through the KV connector since the previous
+            snapshot: ``queries`` are the prompt tokens past the local hits that the
+            connector was asked about, ``hits`` the tokens it supplied. ``None`` when no
+            KV connector is selected (``--kv-connector``).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``connector_prefix_cache``.
     """
 
     num_running_reqs: int = 0
@@ -49,6 +64,7 @@ class SchedulerStats:
     num_total_blocks: int = 0
     prefix_cache: PrefixCacheStats = PrefixCacheStats()
     num_preempted_reqs: int = 0
+    connector_prefix_cache: PrefixCacheStats | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,11 @@ Names follow vLLM's with the ``engine:`` prefix, so dashboards port by renaming:
     engine:num_preemptions_total          counter    requests preempted
     engine:prefix_cache_queries_total     counter    prompt tokens looked up in the prefix cache
     engine:prefix_cache_hits_total        counter    of those, tokens found
+    engine:external_prefix_cache_queries_total
+                                          counter    prompt tokens (past the local hits) the
+                                                     KV connector was asked about
+    engine:external_prefix_cache_hits_total
+                                          counter    of those, tokens the connector supplied
     engine:prompt_tokens_total            counter    prompt tokens processed
     engine:generation_tokens_total        counter    tokens generated
     engine:request_success_total          counter    finished requests, label finished_reason
@@ -97,6 +102,11 @@ class PrometheusStatLogger(StatLogger):
                                       "Prompt tokens looked up in the prefix cache.")
         self.prefix_hits = counter("engine:prefix_cache_hits",
                                    "Prompt tokens found in the prefix cache.")
+        self.external_queries = counter(
+            "engine:external_prefix_cache_queries",
+            "Prompt tokens past the prefix-cache hits looked up through the KV connector.")
+        self.external_hits = counter("engine:external_prefix_cache_hits",
+                                     "Prompt tokens the KV connector supplied.")
         self.prompt_tokens = counter("engine:prompt_tokens", "Prompt tokens processed.")
         self.generation_tokens = counter("engine:generation_tokens", "Tokens generated.")
         success = Counter("engine:request_success", "Finished requests by finish reason.",
@@ -129,6 +139,10 @@ class PrometheusStatLogger(StatLogger):
             self.preemptions.inc(scheduler_stats.num_preempted_reqs)
             self.prefix_queries.inc(scheduler_stats.prefix_cache.queries)
             self.prefix_hits.inc(scheduler_stats.prefix_cache.hits)
+            external = scheduler_stats.connector_prefix_cache
+            if external is not None:
+                self.external_queries.inc(external.queries)
+                self.external_hits.inc(external.hits)
         if iteration_stats is None:
             return
         self.prompt_tokens.inc(iteration_stats.num_prompt_tokens)

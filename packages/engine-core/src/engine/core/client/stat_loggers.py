@@ -6,7 +6,7 @@
   latency, time to first token);
 * a throughput line every ``log()`` (every ~10 s) while the engine is busy: average prompt
   and generation tokens/s since the previous line, running and waiting requests, KV-cache
-  usage and prefix-cache hit rate.
+  usage and prefix-cache hit rate (and, with a KV connector, the connector's hit rate).
 
 ``StatLoggerSet`` hands each step's stats to every logger (built-ins, the server's
 Prometheus logger, ``engine.stat_loggers`` plugins), under ``AsyncLLM`` and ``LLMEngine``
@@ -55,6 +55,10 @@ StatLoggerFactory = Callable[[StatLoggerContext], StatLogger]
 logger = logging.getLogger("engine.stats")
 
 
+def _percent(queries: int, hits: int) -> str:
+    return f"{100 * hits / queries if queries else 0.0:.1f}%"
+
+
 class LoggingStatLogger(StatLogger):
     """Per-request INFO lines and a periodic throughput line (see the module docstring)."""
 
@@ -65,6 +69,8 @@ class LoggingStatLogger(StatLogger):
         self._num_generation_tokens = 0
         self._queries = 0
         self._hits = 0
+        #: The connector's (queries, hits); None while no stats had connector lookups.
+        self._external: tuple[int, int] | None = None
         self._last_scheduler_stats = SchedulerStats()
 
     def record(self, scheduler_stats: SchedulerStats | None,
@@ -73,6 +79,10 @@ class LoggingStatLogger(StatLogger):
             self._last_scheduler_stats = scheduler_stats
             self._queries += scheduler_stats.prefix_cache.queries
             self._hits += scheduler_stats.prefix_cache.hits
+            external = scheduler_stats.connector_prefix_cache
+            if external is not None:
+                queries, hits = self._external or (0, 0)
+                self._external = (queries + external.queries, hits + external.hits)
         if iteration_stats is None:
             return
         self._num_prompt_tokens += iteration_stats.num_prompt_tokens
@@ -91,16 +101,20 @@ class LoggingStatLogger(StatLogger):
         busy = (self._num_prompt_tokens or self._num_generation_tokens
                 or stats.num_running_reqs or stats.num_waiting_reqs)
         if busy:
-            hit_rate = self._hits / self._queries if self._queries else 0.0
+            external = ""
+            if self._external is not None:
+                external = f", External prefix cache hit rate: {_percent(*self._external)}"
             logger.info(
                 "Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
                 "tokens/s, Running: %d reqs, Waiting: %d reqs, KV cache usage: %.1f%%, "
-                "Prefix cache hit rate: %.1f%%", self._num_prompt_tokens / elapsed,
+                "Prefix cache hit rate: %s%s", self._num_prompt_tokens / elapsed,
                 self._num_generation_tokens / elapsed, stats.num_running_reqs,
-                stats.num_waiting_reqs, 100 * stats.kv_cache_usage, 100 * hit_rate)
+                stats.num_waiting_reqs, 100 * stats.kv_cache_usage,
+                _percent(self._queries, self._hits), external)
         self._last_log_time = now
         self._num_prompt_tokens = self._num_generation_tokens = 0
         self._queries = self._hits = 0
+        self._external = None
 
     def log_engine_initialized(self) -> None:
         ctx = self.ctx

@@ -217,17 +217,12 @@ class KVCacheManager:
         """Ids of the blocks ``request_id`` holds, in sequence order (its block table)."""
         return [block.block_id for block in self._req_to_blocks.get(request_id, ())]
 
-    def record_external_hits(self, num_tokens: int) -> None:
-        """Count tokens a KV connector supplied at an admission as prefix-cache hits.
-
-        Stats only (``make_prefix_cache_stats``), kept with prefix caching on: the lookup
-        that found them was counted at the same admission.
-        """
-        if self.enable_prefix_caching:
-            self._num_hit_tokens += num_tokens
-
     def make_prefix_cache_stats(self) -> PrefixCacheStats:
-        """Lookups since the previous call (counted at each request's admission)."""
+        """Lookups since the previous call (counted at each request's admission).
+
+        Local hits only: tokens a KV connector supplies are counted by the scheduler's
+        connector bridge (``SchedulerStats.connector_prefix_cache``).
+        """
         stats = PrefixCacheStats(
             queries=self._num_queried_tokens, hits=self._num_hit_tokens, reset=self._was_reset
         )

@@ -18,6 +18,7 @@ from safetensors import safe_open
 from tqdm import tqdm
 from transformers import AutoConfig, PretrainedConfig
 
+from engine.core.model_loader.checkpoint_dtype import cast_weight
 from engine.sdk.errors import ValidationError
 
 SAFETENSORS_INDEX = "model.safetensors.index.json"
@@ -78,7 +79,8 @@ def safetensors_files(path: str | os.PathLike[str]) -> list[Path]:
 
 
 def iter_safetensors_weights(
-    path: str | os.PathLike[str], dtype: torch.dtype, *, progress: bool = True
+    path: str | os.PathLike[str], dtype: torch.dtype, *, progress: bool = True,
+    keep_checkpoint_tensors: bool = False,
 ) -> Generator[tuple[str, torch.Tensor], None, None]:
     """Yield ``(name, tensor)`` for every tensor of a checkpoint directory.
 
@@ -87,6 +89,9 @@ def iter_safetensors_weights(
         dtype: Floating-point tensors are cast to it; integer tensors (e.g. packed
             quantized weights) are yielded unchanged.
         progress: Show a tqdm progress bar (one step per tensor) on stderr.
+        keep_checkpoint_tensors: A cast tensor keeps the stored one, so that a layer
+            loads a parameter of another floating dtype from the stored values
+            (:mod:`engine.core.model_loader.checkpoint_dtype`; with quantization).
 
     Yields:
         Names as stored in the files (e.g. ``model.layers.0.self_attn.q_proj.weight``) and
@@ -105,7 +110,5 @@ def iter_safetensors_weights(
         for handle in handles:
             for name in handle.keys():
                 tensor: torch.Tensor = handle.get_tensor(name)
-                if tensor.is_floating_point():
-                    tensor = tensor.to(dtype)
                 bar.update(1)
-                yield name, tensor
+                yield name, cast_weight(tensor, dtype, keep_original=keep_checkpoint_tensors)

@@ -176,7 +176,7 @@ def load_config(source: ModelSource) -> PretrainedConfig:
 
 def iter_weights(
     source: ModelSource, dtype: torch.dtype, progress: bool = True, *,
-    packed_gguf: bool = False,
+    packed_gguf: bool = False, keep_checkpoint_tensors: bool = False,
 ) -> Iterable[tuple[str, torch.Tensor]]:
     """Yield the model's ``(hf_name, tensor)`` pairs, cast to ``dtype``.
 
@@ -193,10 +193,14 @@ def iter_weights(
         progress: Show a tqdm progress bar.
         packed_gguf: Keep a GGUF file's matrices packed (ignored for Hugging Face
             directories).
+        keep_checkpoint_tensors: Hugging Face directories: a cast tensor keeps the stored
+            one for parameters of another floating dtype
+            (:mod:`~engine.core.model_loader.checkpoint_dtype`).
     """
     if source.load_format == "dummy":
         return DummyWeights()
     if source.kind == "gguf":
         return iter_gguf_weights(source.weights_path, dtype, progress=progress,
                                  packed=packed_gguf)
-    return iter_safetensors_weights(source.path, dtype, progress=progress)
+    return iter_safetensors_weights(source.path, dtype, progress=progress,
+                                    keep_checkpoint_tensors=keep_checkpoint_tensors)

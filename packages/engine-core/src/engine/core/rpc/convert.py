@@ -256,23 +256,32 @@ def stats_to_proto(stats: SchedulerStats, into: pb.SchedulerStats | None = None
     msg.num_free_blocks = stats.num_free_blocks
     msg.num_total_blocks = stats.num_total_blocks
     msg.num_preempted_reqs = stats.num_preempted_reqs
-    prefix = stats.prefix_cache
-    msg.prefix_cache.queries = prefix.queries
-    msg.prefix_cache.hits = prefix.hits
-    msg.prefix_cache.reset = prefix.reset
+    _prefix_cache_to_proto(stats.prefix_cache, msg.prefix_cache)
+    if stats.connector_prefix_cache is not None:
+        _prefix_cache_to_proto(stats.connector_prefix_cache, msg.connector_prefix_cache)
     return msg
+
+
+def _prefix_cache_to_proto(stats: PrefixCacheStats, msg: pb.PrefixCacheStats) -> None:
+    msg.queries = stats.queries
+    msg.hits = stats.hits
+    msg.reset = stats.reset
+
+
+def _prefix_cache_from_proto(msg: pb.PrefixCacheStats) -> PrefixCacheStats:
+    return PrefixCacheStats(queries=msg.queries, hits=msg.hits, reset=msg.reset)
 
 
 def stats_from_proto(msg: pb.SchedulerStats) -> SchedulerStats:
     """The inverse of :func:`stats_to_proto`."""
-    prefix = msg.prefix_cache
     return SchedulerStats(
         num_running_reqs=msg.num_running_reqs, num_waiting_reqs=msg.num_waiting_reqs,
         kv_cache_usage=msg.kv_cache_usage, num_free_blocks=msg.num_free_blocks,
         num_total_blocks=msg.num_total_blocks,
-        prefix_cache=PrefixCacheStats(queries=prefix.queries, hits=prefix.hits,
-                                      reset=prefix.reset),
+        prefix_cache=_prefix_cache_from_proto(msg.prefix_cache),
         num_preempted_reqs=msg.num_preempted_reqs,
+        connector_prefix_cache=(_prefix_cache_from_proto(msg.connector_prefix_cache)
+                                if msg.HasField("connector_prefix_cache") else None),
     )
 
 

@@ -33,6 +33,7 @@ from engine.sdk.errors import PluginError
 from engine.sdk.groups import KV_CONNECTORS
 from engine.sdk.kv_connector import KVConnectorMetadata, KVConnectorScheduler
 from engine.sdk.scheduler import ModelRunnerOutput, SchedulerOutput
+from engine.sdk.stats import PrefixCacheStats
 
 logger = logging.getLogger("engine.kv_connector")
 
@@ -85,6 +86,8 @@ class KVConnectorBridge:
         #: Requests whose asynchronous load is in flight, with the tokens computed after it.
         self.loading: dict[str, tuple[Request, int]] = {}
         self._held: dict[str, _HeldBlocks] = {}
+        self._num_queried_tokens = 0
+        self._num_hit_tokens = 0
 
     def _call(self, hook: str, fn: Callable[..., T], *args: object) -> T:
         return call_plugin(hook, fn, *args,
@@ -125,9 +128,23 @@ class KVConnectorBridge:
 
     def after_alloc(self, request: Request, block_ids: Sequence[int],
                     num_external_tokens: int) -> None:
-        """``update_state_after_alloc``; ``request.num_computed_tokens`` is the local hits."""
+        """``update_state_after_alloc``; ``request.num_computed_tokens`` is the local hits.
+
+        Called once per admission the connector was asked about, so that admission's
+        lookup is counted here (:meth:`make_prefix_cache_stats`) once the connector
+        accepted it: the tokens past the local hits were queried, ``num_external_tokens``
+        of them hit.
+        """
         self._call("update_state_after_alloc", self.connector.update_state_after_alloc,
                    request, tuple(block_ids), num_external_tokens)
+        self._num_queried_tokens += request.num_tokens - request.num_computed_tokens
+        self._num_hit_tokens += num_external_tokens
+
+    def make_prefix_cache_stats(self) -> PrefixCacheStats:
+        """The connector's lookups since the previous call (``connector_prefix_cache``)."""
+        stats = PrefixCacheStats(queries=self._num_queried_tokens, hits=self._num_hit_tokens)
+        self._num_queried_tokens = self._num_hit_tokens = 0
+        return stats
 
     def start_loading(self, request: Request, num_computed_after: int) -> None:
         """Park ``request`` until a worker reports its asynchronous load."""

@@ -312,7 +312,6 @@ class Scheduler(SchedulerInterface):
                 except PluginError as exc:
                     self._fail(request, exc)
                     continue
-                kv.record_external_hits(found.num_external_tokens)
             request.status = RequestStatus.RUNNING
             request.num_computed_tokens = num_computed
             if request.num_preemptions == 0:
@@ -379,7 +378,6 @@ class Scheduler(SchedulerInterface):
         except PluginError as exc:
             self._fail(request, exc)
             return True
-        kv.record_external_hits(num_external)
         connector.start_loading(request, found.num_local_tokens + num_external)
         return True
 
@@ -506,5 +504,7 @@ class Scheduler(SchedulerInterface):
             num_total_blocks=self.ctx.num_kv_blocks,
             prefix_cache=kv.make_prefix_cache_stats(),
             num_preempted_reqs=num_preemptions,
+            connector_prefix_cache=(self._connector.make_prefix_cache_stats()
+                                    if self._connector is not None else None),
         )
 

@@ -2,8 +2,10 @@
 
 :class:`KVConnectorDriver` is a :class:`SchedulerDriver` whose scheduler is the engine's
 default ``Scheduler`` with the connector's scheduler side in its context, and whose worker
-(:class:`FakeKVWorker`) holds real KV-cache tensors (the built-in layout
-``(2, num_blocks, block_size, num_kv_heads, head_size)`` per layer) and runs the
+(:class:`FakeKVWorker`) holds real KV-cache tensors (one per layer, in the layout of the
+engine's CPU attention backends ``cpu`` and ``torch``, from their ``get_kv_cache_shape``:
+``(2, num_blocks, num_kv_heads, block_size, head_size)``, block index in dimension 1, a
+token's keys of all heads at ``cache[0, block, :, offset]``) and runs the
 connector's worker side exactly as a worker does: metadata from bytes, ``start_load_kv``,
 per layer ``wait_for_layer_load`` -> the step's KV written -> every position the layer's
 attention would read checked -> ``save_kv_layer``, then ``wait_for_save`` and
@@ -101,6 +103,25 @@ class KVSimConfig:
             enable_prefix_caching=self.enable_prefix_caching, kv_connector=connector)
 
 
+def kv_cache_shape(config: KVSimConfig) -> tuple[int, ...]:
+    """One layer's cache: the engine's CPU backend's shape (the null block 0 included).
+
+    Raises:
+        RuntimeError: the backend's layout is not the one the simulator indexes.
+    """
+    from engine.core.attention import CpuAttentionBackend
+
+    num_blocks = config.num_kv_blocks + 1
+    shape = tuple(CpuAttentionBackend.get_kv_cache_shape(
+        num_blocks, config.block_size, config.num_kv_heads, config.head_size))
+    layout = (2, num_blocks, config.num_kv_heads, config.block_size, config.head_size)
+    if shape != layout:
+        raise RuntimeError(
+            f"the cpu attention backend's KV-cache shape is {shape}, the simulator indexes "
+            f"{layout} (2, blocks, heads, block_size, head_size): update FakeKVWorker")
+    return shape
+
+
 @dataclass
 class _State:
     token_ids: list[int]
@@ -134,11 +155,11 @@ class FakeKVWorker:
         self.config = config
         self.connector = connector
         self.metadata_cls = metadata_cls
-        shape = (2, config.num_kv_blocks + 1, config.block_size, config.num_kv_heads,
-                 config.head_size)
+        shape = kv_cache_shape(config)
         self.kv_caches = {name: torch.full(shape, -1.0) for name in config.layer_names}
+        # [1, 2, heads, head_size]: keys and values of each head and element differ.
         self._offsets = torch.arange(2 * config.num_kv_heads * config.head_size,
-                                     dtype=torch.float32).view(2, 1, config.num_kv_heads,
+                                     dtype=torch.float32).view(1, 2, config.num_kv_heads,
                                                                config.head_size)
         self.requests: dict[str, _State] = {}
         self.num_partial_chunks = 0
@@ -176,9 +197,10 @@ class FakeKVWorker:
         return blocks, torch.tensor([p % size for p in positions])
 
     def _values(self, state: _State, layer: int, start: int, stop: int) -> torch.Tensor:
+        """``[tokens, 2, heads, head_size]``: what ``cache[:, blocks, :, offsets]`` holds."""
         state.extend_hashes()
         base = torch.tensor([kv_value(h, layer) for h in state.hashes[start:stop]])
-        return base.view(1, -1, 1, 1) + self._offsets
+        return base.view(-1, 1, 1, 1) + self._offsets
 
     def _write_and_check(self, layer: int, name: str, out: SchedulerOutput) -> None:
         cache = self.kv_caches[name]
@@ -187,14 +209,15 @@ class FakeKVWorker:
             start, end = state.num_computed_tokens, state.num_computed_tokens + num_tokens
             assert end <= len(state.token_ids), f"{req_id} scheduled past its known tokens"
             blocks, offsets = self._slots(state, start, end)
-            cache[:, blocks, offsets] = self._values(state, layer, start, end)
+            # The slice between the two index tensors puts the token dimension first.
+            cache[:, blocks, :, offsets] = self._values(state, layer, start, end)
         for req_id, num_tokens in out.num_scheduled_tokens.items():
             state = self.requests[req_id]
             end = state.num_computed_tokens + num_tokens
             blocks, offsets = self._slots(state, 0, end)
-            got = cache[:, blocks, offsets]
+            got = cache[:, blocks, :, offsets]
             want = self._values(state, layer, 0, end)
-            wrong = (got != want).flatten(2).any(dim=2).any(dim=0).nonzero().flatten().tolist()
+            wrong = (got != want).flatten(1).any(dim=1).nonzero().flatten().tolist()
             assert not wrong, (
                 f"{req_id}: layer {name} reads wrong KV at positions {wrong[:8]} of {end} (a "
                 f"block loaded into the wrong place, loaded after the layer needed it, not "

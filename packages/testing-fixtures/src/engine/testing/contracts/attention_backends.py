@@ -55,6 +55,7 @@ from engine.sdk.attention import (
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions, check_contract_version
 from engine.sdk.support import Support
+from engine.testing.contexts import plugin_options
 from engine.testing.contracts._attention_sim import AttentionSim, RowCheck
 
 __all__ = ["DEFAULT_ATTENTION_CASES", "AttentionBackendReport", "AttentionCase",
@@ -255,10 +256,7 @@ def check_attention_backend(
         device_type = torch.device(device).type
         platform = PlatformInfo(name=device_type, device_type=device_type,
                                 supported_dtypes=(dtype,))
-    if options is None or isinstance(options, Mapping):
-        validated = backend.Options(**dict(options or {}))
-    else:
-        validated = options
+    validated = plugin_options(backend, options)
     run, skipped = [], []
     num_steps = num_rows = 0
     max_error = 0.0

@@ -34,6 +34,7 @@ from typing import Any
 
 from engine.sdk.kv_connector import KVConnector
 from engine.sdk.plugin import PluginOptions, check_contract_version
+from engine.testing.contexts import plugin_options
 from engine.testing.contracts._kv_sim import KVConnectorDriver, KVSimConfig
 from engine.testing.contracts._scheduler_sim import FAKE_VOCAB_SIZE, reference_tokens
 
@@ -258,10 +259,7 @@ def check_kv_connector(connector: type[KVConnector], *,
                              f"{', '.join(missing)}")
     support = check_contract_version(connector)
     assert support, f"{connector.__qualname__}: {support.reason}"
-    if options is None or isinstance(options, Mapping):
-        validated = connector.Options(**dict(options or {}))
-    else:
-        validated = options
+    validated = plugin_options(connector, options)
     run = _Run(connector, validated, config or KVSimConfig(), [], [])
     _misses_then_hits(run, expect_hits)
     for scenario in _SCENARIOS:

@@ -39,9 +39,9 @@ from __future__ import annotations
 
 import inspect
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import torch
 
@@ -49,6 +49,7 @@ from engine.sdk.errors import ValidationError
 from engine.sdk.logits_processor import LogitsProcessor, LogitsProcessorContext
 from engine.sdk.plugin import PluginOptions, check_contract_version
 from engine.sdk.sampling_params import SamplingParams
+from engine.testing.contexts import plugin_options
 from engine.testing.contracts._batch_sim import BatchSimConfig, BatchSimulator, SimStats
 
 __all__ = ["ConformanceReport", "ReferenceFn", "check_logits_processor"]
@@ -91,7 +92,7 @@ def check_logits_processor(
     steps: int = 1000,
     seed: int = 0,
     sim: BatchSimConfig | None = None,
-    options: PluginOptions | None = None,
+    options: Mapping[str, Any] | PluginOptions | None = None,
 ) -> ConformanceReport:
     """Check a logits processor against a slot-free reference under random batch churn.
 
@@ -112,7 +113,9 @@ def check_logits_processor(
         steps: Engine steps to simulate.
         seed: Seeds the churn and the logits; a failure message gives it to reproduce.
         sim: The workload shape (batch capacity, vocabulary size, churn rates).
-        options: The processor's options (default: ``cls.Options()``).
+        options: The processor's options: values by key (validated against
+            ``cls.Options``, as the engine does; since 1.1) or an ``Options`` instance;
+            default ``cls.Options()``.
 
     Returns:
         Coverage counters, for tests that want to assert on them.
@@ -124,7 +127,7 @@ def check_logits_processor(
     config = sim or BatchSimConfig()
     _check_class(cls)
     ctx = LogitsProcessorContext(
-        plugin_name=cls.__qualname__, options=options or cls.Options(), device="cpu",
+        plugin_name=cls.__qualname__, options=plugin_options(cls, options), device="cpu",
         max_num_reqs=config.max_num_reqs, vocab_size=config.vocab_size,
     )
     proc = cls(ctx)

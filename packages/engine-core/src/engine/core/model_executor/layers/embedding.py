@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.distributed import SINGLE, Slice, TensorParallelGroup, all_reduce, vocab_slice
+from engine.core.model_loader.checkpoint_dtype import for_parameter
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
 
 
@@ -118,10 +119,15 @@ class QuantizedVocabEmbedding(nn.Module):
         return all_reduce(out, self.tp)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
-        """Copy this rank's rows of checkpoint ``tensor`` into ``param_name``."""
+        """Copy this rank's rows of checkpoint ``tensor`` into ``param_name``.
+
+        In the parameter's dtype, as :meth:`Linear.load_weight
+        <engine.core.model_executor.layers.linear.Linear.load_weight>` does.
+        """
         param = getattr(self, param_name, None)
         if not isinstance(param, torch.Tensor):
             raise ValueError(f"{self.prefix} has no parameter {param_name!r} to load into")
+        tensor = for_parameter(tensor, param)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
             loader(param, tensor, shard)

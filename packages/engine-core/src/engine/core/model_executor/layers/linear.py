@@ -33,6 +33,7 @@ from engine.core.distributed import (
     all_reduce,
     gather_to_driver,
 )
+from engine.core.model_loader.checkpoint_dtype import for_parameter
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
 
@@ -181,7 +182,9 @@ class Linear(nn.Module):
         """Copy this rank's part of checkpoint ``tensor`` into ``param_name`` (shard ``shard``).
 
         ``tensor`` is the full checkpoint tensor: of logical output ``shard`` of a fused
-        layer, or (``shard`` None) of the whole layer.
+        layer, or (``shard`` None) of the whole layer. A floating-point tensor reaches a
+        floating-point parameter (and its ``weight_loader``) in the parameter's dtype, cast
+        from the checkpoint's values (:mod:`engine.core.model_loader.checkpoint_dtype`).
 
         Raises:
             ValueError: unknown parameter, or a shape that does not fit, naming both shapes.
@@ -189,6 +192,7 @@ class Linear(nn.Module):
         param = getattr(self, param_name, None)
         if not isinstance(param, torch.Tensor):
             raise ValueError(f"{self.prefix} has no parameter {param_name!r} to load into")
+        tensor = for_parameter(tensor, param)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
             loader(param, tensor) if shard is None else loader(param, tensor, shard)

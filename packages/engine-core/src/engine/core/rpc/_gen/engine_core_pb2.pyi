@@ -183,7 +183,7 @@ class PrefixCacheStats(_message.Message):
     def __init__(self, queries: _Optional[int] = ..., hits: _Optional[int] = ..., reset: _Optional[bool] = ...) -> None: ...
 
 class SchedulerStats(_message.Message):
-    __slots__ = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "num_free_blocks", "num_total_blocks", "prefix_cache", "num_preempted_reqs")
+    __slots__ = ("num_running_reqs", "num_waiting_reqs", "kv_cache_usage", "num_free_blocks", "num_total_blocks", "prefix_cache", "num_preempted_reqs", "connector_prefix_cache")
     NUM_RUNNING_REQS_FIELD_NUMBER: _ClassVar[int]
     NUM_WAITING_REQS_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
@@ -191,6 +191,7 @@ class SchedulerStats(_message.Message):
     NUM_TOTAL_BLOCKS_FIELD_NUMBER: _ClassVar[int]
     PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     NUM_PREEMPTED_REQS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTOR_PREFIX_CACHE_FIELD_NUMBER: _ClassVar[int]
     num_running_reqs: int
     num_waiting_reqs: int
     kv_cache_usage: float
@@ -198,7 +199,8 @@ class SchedulerStats(_message.Message):
     num_total_blocks: int
     prefix_cache: PrefixCacheStats
     num_preempted_reqs: int
-    def __init__(self, num_running_reqs: _Optional[int] = ..., num_waiting_reqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., num_preempted_reqs: _Optional[int] = ...) -> None: ...
+    connector_prefix_cache: PrefixCacheStats
+    def __init__(self, num_running_reqs: _Optional[int] = ..., num_waiting_reqs: _Optional[int] = ..., kv_cache_usage: _Optional[float] = ..., num_free_blocks: _Optional[int] = ..., num_total_blocks: _Optional[int] = ..., prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ..., num_preempted_reqs: _Optional[int] = ..., connector_prefix_cache: _Optional[_Union[PrefixCacheStats, _Mapping]] = ...) -> None: ...
 
 class StepOutputs(_message.Message):
     __slots__ = ("outputs", "scheduler_stats", "timestamp")
