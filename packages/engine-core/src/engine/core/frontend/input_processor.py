@@ -3,8 +3,8 @@
 Every check here happens before EngineCore sees the request, and every failure is a
 ``ValidationError`` naming the field (HTTP 400 in the server): the model's limits (context
 length, vocabulary), what the wire can carry (:mod:`engine.core.frontend.wire_limits`),
-and the logits processors' parameters (:mod:`engine.core.frontend.extra_args`: each
-processor's ``validate_params``, and no ``extra_args`` key that none of them takes).
+and the plugins' parameters (:mod:`engine.core.frontend.extra_args`: each logits
+processor's ``validate_params``, and no ``extra_args`` key that no plugin takes).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from engine.core.frontend.extra_args import ExtraArgsChecker
 from engine.core.frontend.wire_limits import check_int32, check_text, check_wire_limits
 from engine.core.tokenizer.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
-from engine.sdk.logits_processor import LogitsProcessor
+from engine.sdk.plugin import Plugin
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import EngineRequest
 from engine.sdk.structured_output import StructuredOutputsParams
@@ -47,7 +47,7 @@ class InputProcessor:
     """Tokenizes and validates prompts against the model's limits and the plugins."""
 
     def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, vocab_size: int,
-                 logits_processors: Mapping[str, type[LogitsProcessor]],
+                 extra_args_readers: Mapping[str, type[Plugin]],
                  max_logprobs: int = 20,
                  structured_outputs: Callable[[StructuredOutputsParams], None] | None = None,
                  ) -> None:
@@ -56,8 +56,9 @@ class InputProcessor:
         self.vocab_size = vocab_size
         #: ``--max-logprobs``: most logprobs per token a request may ask for (-1: vocab).
         self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
-        self.logits_processors = dict(logits_processors)
-        self.extra_args = ExtraArgsChecker(self.logits_processors)
+        #: The loaded logits processors' ``validate_params`` and the keys every plugin the
+        #: engine uses takes (:mod:`engine.core.frontend.extra_args_readers`).
+        self.extra_args = ExtraArgsChecker(extra_args_readers)
         #: Checks a request's structured-output spec (the backend's ``validate``).
         self.check_structured_outputs = structured_outputs
 
