@@ -2,7 +2,9 @@
 
 Every check here happens before EngineCore sees the request, and every failure is a
 ``ValidationError`` naming the field (HTTP 400 in the server): the model's limits (context
-length, vocabulary), what the wire can carry (:mod:`engine.core.frontend.wire_limits`),
+length, vocabulary; a text so long that it cannot fit the context whatever its tokens is
+refused before it is tokenized: :mod:`engine.core.tokenizer.length_bound`), what the wire
+can carry (:mod:`engine.core.frontend.wire_limits`),
 and the plugins' parameters (:mod:`engine.core.frontend.extra_args`: each logits
 processor's ``validate_params``, and no ``extra_args`` key that no plugin takes).
 """
@@ -66,7 +68,7 @@ class InputProcessor:
         """``(text or None, token ids)`` of a prompt in any accepted form."""
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
-            return prompt, tuple(self.tokenizer.encode(prompt))
+            return prompt, self.encode_text(prompt)
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._check_ids(prompt["prompt_token_ids"])
@@ -78,6 +80,35 @@ class InputProcessor:
             return None, self._check_ids(prompt)
         raise ValidationError(f"a prompt must be a string, a list of token ids or a dict, got "
                               f"{type(prompt).__name__}", param="prompt")
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True,
+                    param: str = "prompt") -> tuple[int, ...]:
+        """Token ids of ``text``, refused first if it cannot fit the context.
+
+        A text whose token count is known, from its length alone, to leave no room to
+        generate (``Tokenizer.min_num_tokens(text) >= max_model_len``) is refused without
+        tokenizing it: a 20 MB prompt costs a length check, not half a minute of CPU.
+
+        Args:
+            text: A prompt, or a conversation rendered with the chat template.
+            add_special_tokens: Add what the tokenizer adds around a sequence (BOS); False
+                for a rendered conversation.
+            param: The request field named by the error (``"messages"`` for chat).
+
+        Raises:
+            ValidationError: the text cannot fit the context (as ``validate_params`` says
+                of a prompt that leaves no room to generate).
+        """
+        if len(text) >= self.max_model_len:  # a shorter text has fewer tokens than that
+            at_least = self.tokenizer.min_num_tokens(text)
+            if at_least >= self.max_model_len:
+                raise ValidationError(
+                    f"the prompt has at least {at_least} tokens ({len(text)} characters, and "
+                    f"one token of this tokenizer stands for at most "
+                    f"{self.tokenizer.max_chars_per_token}); this model's maximum context "
+                    f"length is {self.max_model_len}, which leaves no room to generate",
+                    param=param)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _check_ids(self, ids: Any) -> tuple[int, ...]:
         if not isinstance(ids, Sequence) or isinstance(ids, str):
