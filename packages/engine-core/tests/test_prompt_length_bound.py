@@ -42,7 +42,7 @@ def spy_on_encode(tokenizer: Tokenizer, monkeypatch: pytest.MonkeyPatch) -> list
 @pytest.fixture
 def processor(tiny_llama: Path) -> InputProcessor:
     return InputProcessor(load_tokenizer(resolve_model(str(tiny_llama))),
-                          max_model_len=MAX_MODEL_LEN, vocab_size=512, extra_args_readers={})
+                          max_model_len=MAX_MODEL_LEN, vocab_size=512, extra_args_plugins={})
 
 
 @pytest.mark.parametrize("prompt", [HUGE, {"prompt": HUGE}], ids=["text", "dict"])

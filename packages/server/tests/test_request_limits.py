@@ -136,7 +136,7 @@ def test_chat_refuses_a_conversation_that_cannot_fit_before_tokenizing_it(
         tiny_llama_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     tokenizer = load_tokenizer(resolve_model(str(tiny_llama_checkpoint)))
     processor = InputProcessor(tokenizer, max_model_len=256, vocab_size=512,
-                               extra_args_readers={})
+                               extra_args_plugins={})
     calls: list[str] = []
     encode = tokenizer.encode
     monkeypatch.setattr(tokenizer, "encode", lambda text, **kw: calls.append(text) or encode(

@@ -4,8 +4,8 @@ A plugin *takes* a key in one of two ways:
 
 * it declares it in ``extra_args_keys`` on its class (SDK 1.1; any kind of plugin: a
   scheduling policy, a scheduler, a KV connector, a logits processor, ...). The front end
-  collects the declarations of the plugins this engine uses
-  (:mod:`engine.core.frontend.extra_args_readers`);
+  reads the declarations of its own plugins, and EngineCore's arrive in ``EngineInfo``
+  (:mod:`engine.core.extra_args_keys`);
 * a logits processor's ``validate_params`` reads it (SDK 1.0's way, still supported). The
   front end calls every loaded processor's ``validate_params`` with ``params.extra_args``
   wrapped in a dict that records the keys looked up (``get``, ``[]``, ``in``), so a
@@ -27,9 +27,10 @@ ignored.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from engine.core.extra_args_keys import keys_taken
 from engine.sdk.errors import ValidationError
 from engine.sdk.logits_processor import LogitsProcessor
 from engine.sdk.plugin import Plugin
@@ -114,20 +115,19 @@ class ExtraArgsChecker:
     """Runs the logits processors' ``validate_params`` and refuses the keys nobody takes.
 
     Args:
-        plugins: The plugins whose keys requests may use, keyed by how messages name them
-            (e.g. ``"scheduling policy 'tiered' (acme-plugins 0.3.0)"``): every loaded
-            logits processor (its ``validate_params`` runs on every request) and the
-            other plugins the engine uses.
+        plugins: The front end's plugins whose keys requests may use, keyed by how
+            messages name them (e.g. ``"logits processor 'no_repeat' (acme 0.3.0)"``):
+            every loaded logits processor (its ``validate_params`` runs on every request)
+            and the other plugins the front end uses. EngineCore's are added with
+            :meth:`take` once it is up.
     """
 
     def __init__(self, plugins: Mapping[str, type[Plugin]]) -> None:
         self.processors: dict[str, type[LogitsProcessor]] = {
             label: cls for label, cls in plugins.items() if issubclass(cls, LogitsProcessor)}
         #: Key -> the plugins (labels) that declare it in ``extra_args_keys``.
-        self.declared: dict[str, list[str]] = {}
-        for label, cls in plugins.items():
-            for key in sorted(getattr(cls, "extra_args_keys", ())):
-                self.declared.setdefault(key, []).append(label)
+        self.declared: dict[str, list[str]] = {
+            key: list(labels) for key, labels in keys_taken(plugins).items()}
         #: Processors that declare no keys: while one is loaded, every key is accepted.
         self.undeclared = tuple(label for label, cls in self.processors.items()
                                 if not declares_keys(cls))
@@ -138,6 +138,12 @@ class ExtraArgsChecker:
                 "they are loaded, extra_args keys that no plugin takes are accepted instead of "
                 "refused (set extra_args_keys on the class, or override validate_params and "
                 "read your keys there)", ", ".join(self.undeclared))
+
+    def take(self, keys: Mapping[str, Sequence[str]]) -> None:
+        """Accept ``keys`` too: key -> the plugins that take it (``EngineInfo``'s keys)."""
+        for key, labels in keys.items():
+            known = self.declared.setdefault(key, [])
+            known.extend(label for label in labels if label not in known)
 
     def check(self, params: SamplingParams) -> None:
         """Validate ``params`` with every processor, then refuse keys that nobody takes.

@@ -49,7 +49,7 @@ class InputProcessor:
     """Tokenizes and validates prompts against the model's limits and the plugins."""
 
     def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, vocab_size: int,
-                 extra_args_readers: Mapping[str, type[Plugin]],
+                 extra_args_plugins: Mapping[str, type[Plugin]],
                  max_logprobs: int = 20,
                  structured_outputs: Callable[[StructuredOutputsParams], None] | None = None,
                  ) -> None:
@@ -58,9 +58,10 @@ class InputProcessor:
         self.vocab_size = vocab_size
         #: ``--max-logprobs``: most logprobs per token a request may ask for (-1: vocab).
         self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
-        #: The loaded logits processors' ``validate_params`` and the keys every plugin the
-        #: engine uses takes (:mod:`engine.core.frontend.extra_args_readers`).
-        self.extra_args = ExtraArgsChecker(extra_args_readers)
+        #: The loaded logits processors' ``validate_params`` and the ``extra_args`` keys the
+        #: plugins the engine uses take (:mod:`engine.core.extra_args_keys`; EngineCore's
+        #: are added once it is up).
+        self.extra_args = ExtraArgsChecker(extra_args_plugins)
         #: Checks a request's structured-output spec (the backend's ``validate``).
         self.check_structured_outputs = structured_outputs
 
