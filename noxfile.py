@@ -68,8 +68,7 @@ def lint(session: nox.Session) -> None:
     """
     _install(session, "ruff", DEPTRY)
     _install(session, TORCH)
-    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]", "-e",
-             "packages/engine-core[ray]")
+    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]")
     paths = [p for p in ("packages", "tests", "benchmarks", "scripts", "noxfile.py")
              if (ROOT / p).exists()]
     session.run(_python(session), "-m", "ruff", "check", *paths, external=True)
