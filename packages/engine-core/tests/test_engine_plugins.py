@@ -48,6 +48,39 @@ def test_scheduling_policy_plugin_decides_the_order(
     assert_kv_pool_full(llm)
 
 
+def test_a_policys_extra_args_key_reaches_it_across_processes(
+    tiny_llama: Path, plugins_on_path: Path
+) -> None:
+    # EngineCore in its own process: the keys of its policy reach the front end in EngineInfo.
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, max_num_seqs=1,
+              plugins="engine-test-plugin-good", scheduling_policy="test_good_lifo")
+    with llm:
+        params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+        first = params.replace(extra_args={"test_good_lifo_first": True})
+        outputs = llm.generate([PROMPT] * 3, [first, params, params], use_tqdm=False)
+        assert all(len(o.outputs[0].token_ids) == 3 for o in outputs)
+        with pytest.raises(ValidationError, match=r"'test_good_lifo_firts' is not taken .*"
+                           r"'test_good_lifo_first' by scheduling policy 'test_good_lifo' "
+                           r"\(engine-test-plugin-good 0.1.0\)"):
+            llm.generate(PROMPT, params.replace(extra_args={"test_good_lifo_firts": True}),
+                         use_tqdm=False)
+
+
+def test_the_policys_key_puts_its_request_first(tiny_llama: Path, plugins_on_path: Path) -> None:
+    llm = LLM(str(tiny_llama), dtype="float32", num_kv_blocks=128, max_num_seqs=1, in_process=True,
+              plugins="engine-test-plugin-good", scheduling_policy="test_good_lifo")
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    engine.add_request("first", PROMPT, params.replace(extra_args={"test_good_lifo_first": 1}))
+    for request_id in ("second", "third"):
+        engine.add_request(request_id, PROMPT, params)
+    finished = []
+    while engine.has_unfinished_requests():
+        finished += [o.request_id for o in engine.step() if o.finished]
+    assert finished == ["first", "third", "second"]  # the key beats last come, first served
+    assert_kv_pool_full(llm)
+
+
 def test_broken_plugin_stops_start_up_naming_it(tiny_llama: Path, plugins_on_path: Path) -> None:
     from engine.sdk import PluginError
 

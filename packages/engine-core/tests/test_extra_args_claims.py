@@ -1,7 +1,8 @@
-"""``extra_args`` keys that no loaded logits processor claims are refused, naming them.
+"""``extra_args`` keys that no plugin takes are refused, naming them.
 
-A processor claims the keys its ``validate_params`` reads (``get``, ``[]``, ``in``), or
-every key when it enumerates ``extra_args`` or keeps the SDK's default ``validate_params``
+A plugin takes the keys in its ``extra_args_keys``; a logits processor also takes the keys
+its ``validate_params`` reads (``get``, ``[]``, ``in``), or every key when it enumerates
+``extra_args`` or neither overrides ``validate_params`` nor sets ``extra_args_keys``
 (:mod:`engine.core.frontend.extra_args`).
 """
 
@@ -22,6 +23,7 @@ from engine.sdk.logits_processor import (
     PerRequestLogitsProcessor,
     RequestLogitsProcessor,
 )
+from engine.sdk.plugin import Plugin
 
 
 class _NoOp(LogitsProcessor):
@@ -72,7 +74,22 @@ class Undeclared(PerRequestLogitsProcessor):
         return None
 
 
-def _check(*processors: type[LogitsProcessor], **extra: Any) -> None:
+class DeclaresTag(PerRequestLogitsProcessor):
+    """Keeps the default ``validate_params`` but declares its key."""
+
+    extra_args_keys = frozenset({"tag"})
+
+    def new_req_logits_processor(self, params: SamplingParams) -> RequestLogitsProcessor | None:
+        return None
+
+
+class Policy(Plugin):
+    """Not a logits processor: takes ``tier`` and ``boost`` by declaring them."""
+
+    extra_args_keys = frozenset({"tier", "boost"})
+
+
+def _check(*processors: type[Plugin], **extra: Any) -> None:
     checker = ExtraArgsChecker({cls.__name__: cls for cls in processors})
     checker.check(SamplingParams(extra_args=extra or None))
 
@@ -131,3 +148,33 @@ def test_processors_see_the_values_unchanged() -> None:
 
     _check(Records, a=[1, 2], b={"c": None})
     assert seen == [{"a": [1, 2], "b": {"c": None}}]
+
+
+def test_keys_another_plugin_declares_are_taken() -> None:
+    _check(Policy, Strength, *BUILTIN_LOGITS_PROCESSORS, tier=1, boost=True, strength=2)
+    with pytest.raises(ValidationError) as info:
+        _check(Policy, Strength, tierr=1)
+    assert info.value.param == "extra_args.tierr"
+    assert ("(the keys they take: 'boost' by Policy; 'strength' by Strength; 'tier' by "
+            "Policy)") in str(info.value)
+
+
+def test_a_processor_that_declares_its_keys_keeps_the_check_on() -> None:
+    assert declares_keys(DeclaresTag)
+    checker = ExtraArgsChecker({"declares_tag": DeclaresTag})
+    assert checker.undeclared == ()
+    checker.check(SamplingParams(extra_args={"tag": 3}))
+    with pytest.raises(ValidationError, match=r"'other' is not taken .* 'tag' by declares_tag"):
+        checker.check(SamplingParams(extra_args={"tag": 3, "other": 1}))
+
+
+def test_a_key_read_and_declared_lists_each_plugin_once() -> None:
+    class ReadsTier(Strength):
+        extra_args_keys = frozenset({"tier"})
+
+        @classmethod
+        def validate_params(cls, params: SamplingParams) -> None:
+            (params.extra_args or {}).get("tier")
+
+    with pytest.raises(ValidationError, match=r"'tier' by ReadsTier, Policy\)"):
+        _check(ReadsTier, Policy, x=1)

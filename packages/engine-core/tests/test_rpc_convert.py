@@ -161,6 +161,11 @@ def test_stats_and_info_round_trip() -> None:
     info = EngineInfo(model_name="tiny", max_model_len=256, num_kv_blocks=128, block_size=16,
                       vocab_size=512)
     assert convert.info_from_proto(wire(convert.info_to_proto(info))) == info
+    taking = EngineInfo(model_name="tiny", max_model_len=256, num_kv_blocks=128, block_size=16,
+                        vocab_size=512, extra_args_keys={
+                            "tier": ("scheduling policy 'tiered' (acme 0.1)",),
+                            "both": ("scheduler 'x'", "KV connector 'y' (acme 0.1)")})
+    assert convert.info_from_proto(wire(convert.info_to_proto(taking))) == taking
 
 
 def test_token_ids_are_packed_bytes_not_varints() -> None:

@@ -23,7 +23,7 @@ from engine.sdk import SamplingParams, ValidationError
 def processor(tiny_llama: Path) -> InputProcessor:
     return InputProcessor(load_tokenizer(resolve_model(str(tiny_llama))), max_model_len=64,
                           vocab_size=512,
-                          logits_processors={c.__name__: c for c in BUILTIN_LOGITS_PROCESSORS})
+                          extra_args_plugins={c.__name__: c for c in BUILTIN_LOGITS_PROCESSORS})
 
 
 REFUSED: list[tuple[str, dict[str, Any], str, str]] = [

@@ -73,6 +73,32 @@ def test_options_must_be_plugin_options() -> None:
                 pass
 
 
+def test_extra_args_keys_are_inherited_and_stored_as_a_frozenset() -> None:
+    class Tiered(Plugin):
+        extra_args_keys = ("tier", "boost")  # type: ignore[assignment]  # any collection
+
+    class Child(Tiered):
+        pass
+
+    assert Plugin.extra_args_keys == frozenset()
+    assert StatLogger.extra_args_keys == frozenset()
+    assert Tiered.extra_args_keys == frozenset({"tier", "boost"})
+    assert Child.extra_args_keys is Tiered.extra_args_keys
+
+
+@pytest.mark.parametrize(("keys", "message"), [
+    ("tier", "must be a collection of strings"),
+    (None, "must be a collection of strings"),
+    (["tier", 3], "must hold non-empty strings, got 3"),
+    ({""}, "must hold non-empty strings, got ''"),
+])
+def test_extra_args_keys_must_be_strings(keys: object, message: str) -> None:
+    with pytest.raises(TypeError, match=f"Bad.extra_args_keys {message}"):
+
+        class Bad(Plugin):
+            extra_args_keys = keys  # type: ignore[assignment]
+
+
 def test_options_reject_unknown_keys_and_validate() -> None:
     class WithOptions(Plugin):
         class Options(PluginOptions):

@@ -130,7 +130,7 @@ BAD: list[tuple[str, str, str | None, str]] = [
     (CMPL, '{"prompt": "Hi", "max_tokens": 1, "vllm_xargs": {"ban_tokens": [3]}}',
      "extra_args.ban_tokens", "the keys they take: 'ban_token'"),
     (CHAT, f'{{{_MSG}, "max_tokens": 1, "extra_args": {{"ban_token": 3, "strength": 1}}}}',
-     "extra_args.strength", "'strength' is not a parameter of any loaded logits processor"),
+     "extra_args.strength", "'strength' is not taken by any plugin this engine uses"),
     # bodies that are not a JSON object
     (CMPL, '{"prompt": ' + "[" * 100_000 + "]" * 100_000 + "}", None, "nested too deeply"),
     (CMPL, '{"prompt": "Hi", "seed": ' + "9" * 5000 + "}", None,

@@ -2,8 +2,10 @@
 
 A body over the limit is a 413 naming the limit, whether it declares its length or streams
 in chunks, and the connection keeps working; an unauthenticated one is a 401 before its
-body is read. While a large (under the limit) prompt is tokenized or rendered, ``/health``
-answers within 1 s. The server runs with a small limit so the large bodies stay fast.
+body is read. While a large (under the limit) text is tokenized, ``/health`` answers within
+1 s. A large prompt or conversation that cannot fit the context is refused before it is
+tokenized (``InputProcessor.encode_text``; the spy below shows the tokenizer is not called).
+The server runs with a small limit so the large bodies stay fast.
 """
 
 from __future__ import annotations
@@ -19,11 +21,16 @@ from typing import Any
 import httpx
 import pytest
 
+from engine.core.frontend.input_processor import InputProcessor
 from engine.core.frontend.tokenizer_pool import TokenizerPool
 from engine.core.messages import EngineDeadError
+from engine.core.model_loader import resolve_model
+from engine.core.tokenizer import load_tokenizer
 from engine.sdk.errors import ValidationError
+from engine.server.chat import chat_prompt
 from engine.server.cli._main import build_parser
 from engine.server.limits import DEFAULT_MAX_REQUEST_BYTES
+from engine.server.protocol import ChatMessage
 from engine.testing.server import RemoteServer, running_server
 
 LIMIT = 800_000
@@ -88,35 +95,61 @@ def test_unauthenticated_large_body_is_401_not_read(server: RemoteServer) -> Non
     assert response.json()["error"]["code"] == "invalid_api_key"
 
 
-LARGE_REQUESTS = [
-    ("v1/completions", {"model": "tiny", "prompt": LARGE_TEXT, "max_tokens": 1}, 400),
-    ("v1/chat/completions", {"model": "tiny", "max_tokens": 1,
-                             "messages": [{"role": "user", "content": LARGE_TEXT}]}, 400),
-    ("tokenize", {"model": "tiny", "prompt": LARGE_TEXT}, 200),
-]
-
-
-@pytest.mark.parametrize(("route", "body", "status"), LARGE_REQUESTS,
-                         ids=[r for r, _, _ in LARGE_REQUESTS])
-def test_health_answers_within_1s_while_a_large_prompt_is_tokenized(
-        server: RemoteServer, route: str, body: dict[str, Any], status: int) -> None:
+def test_health_answers_within_1s_while_a_large_text_is_tokenized(
+        server: RemoteServer) -> None:
     latencies: list[float] = []
     with concurrent.futures.ThreadPoolExecutor(1) as pool, httpx.Client(timeout=30) as probe:
-        large = pool.submit(httpx.post, server.url_for(route), json=body,
+        large = pool.submit(httpx.post, server.url_for("tokenize"),
+                            json={"model": "tiny", "prompt": LARGE_TEXT},
                             headers=server.headers, timeout=120)
         while not large.done():
             start = time.monotonic()
             assert probe.get(server.url_for("health")).status_code == 200
             latencies.append(time.monotonic() - start)
         response = large.result()
-    # The large request was served (under the limit: tokenized, then judged on its length).
-    assert response.status_code == status, response.text
-    if status == 400:
-        assert "maximum context length is 256" in response.json()["error"]["message"]
-    else:
-        assert response.json()["count"] >= len(LARGE_TEXT) // 4
+    assert response.status_code == 200, response.text
+    assert response.json()["count"] >= len(LARGE_TEXT) // 4
     assert len(latencies) >= 3, "the probes did not overlap the large request"
     assert max(latencies) < 1.0, f"/health took {max(latencies):.2f} s"
+
+
+LARGE_REQUESTS = [
+    ("v1/completions", {"model": "tiny", "prompt": LARGE_TEXT, "max_tokens": 1}, "prompt"),
+    ("v1/chat/completions", {"model": "tiny", "max_tokens": 1,
+                             "messages": [{"role": "user", "content": LARGE_TEXT}]}, "messages"),
+]
+
+
+@pytest.mark.parametrize(("route", "body", "param"), LARGE_REQUESTS,
+                         ids=[r for r, _, _ in LARGE_REQUESTS])
+def test_a_large_prompt_that_cannot_fit_is_refused_by_its_length(
+        server: RemoteServer, route: str, body: dict[str, Any], param: str) -> None:
+    response = httpx.post(server.url_for(route), json=body, headers=server.headers, timeout=120)
+    assert response.status_code == 400, response.text
+    error = response.json()["error"]
+    assert error["param"] == param
+    assert error["message"].startswith("the prompt has at least ")
+    assert "maximum context length is 256, which leaves no room" in error["message"]
+
+
+def test_chat_refuses_a_conversation_that_cannot_fit_before_tokenizing_it(
+        tiny_llama_checkpoint: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tokenizer = load_tokenizer(resolve_model(str(tiny_llama_checkpoint)))
+    processor = InputProcessor(tokenizer, max_model_len=256, vocab_size=512,
+                               extra_args_plugins={})
+    calls: list[str] = []
+    encode = tokenizer.encode
+    monkeypatch.setattr(tokenizer, "encode", lambda text, **kw: calls.append(text) or encode(
+        text, **kw))
+    huge = [ChatMessage(role="user", content="x" * 20_000_000)]
+    with pytest.raises(ValidationError, match="the prompt has at least") as info:
+        chat_prompt(processor, huge, add_generation_prompt=True, template_kwargs=None)
+    assert info.value.param == "messages"
+    assert calls == []
+    prompt = chat_prompt(processor, [ChatMessage(role="user", content="Hi")],
+                         add_generation_prompt=True, template_kwargs=None)
+    assert isinstance(prompt, dict) and prompt["prompt_token_ids"]
+    assert calls == [prompt["prompt"]]
 
 
 def test_public_path_flag_opens_a_route(server: RemoteServer) -> None:

@@ -156,12 +156,12 @@ class LLM:
         conversations: list[Messages] = (
             [messages] if messages and isinstance(messages[0], Mapping)  # type: ignore[list-item]
             else list(messages))  # type: ignore[arg-type]
-        tokenizer = self.get_tokenizer()
+        processor = self.llm_engine.input_processor
         prompts: list[PromptType] = []
         for conversation in conversations:
-            text = tokenizer.apply_chat_template(conversation, add_generation_prompt)
-            prompts.append({"prompt": text, "prompt_token_ids":
-                            tokenizer.encode(text, add_special_tokens=False)})
+            text = processor.tokenizer.apply_chat_template(conversation, add_generation_prompt)
+            prompts.append({"prompt": text, "prompt_token_ids": list(processor.encode_text(
+                text, add_special_tokens=False, param="messages"))})
         return self.generate(prompts, sampling_params, use_tqdm=use_tqdm)
 
     def encode(self, data: Any, sampling_params: SamplingParams | None = None, *,

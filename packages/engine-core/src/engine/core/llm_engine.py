@@ -110,9 +110,11 @@ class LLMEngine:
                 launch.cancel()
             raise
         try:
+            info = self._engine_info()
+            # EngineCore's scheduler, policy and connector: their extra_args keys.
+            self.input_processor.extra_args.take(info.extra_args_keys)
             self.stat_loggers = make_stat_loggers(
-                self.setup, self._engine_info(), plugin_classes=stat_logger_classes,
-                log_stats=log_stats)
+                self.setup, info, plugin_classes=stat_logger_classes, log_stats=log_stats)
         except BaseException:
             self.core.shutdown()
             raise

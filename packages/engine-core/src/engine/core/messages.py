@@ -8,8 +8,8 @@ type. Requests and per-request outputs are SDK data contracts (``EngineRequest``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sdk.scheduler import EngineCoreOutput
@@ -54,6 +54,9 @@ class EngineInfo:
         vocab_size: Logits columns.
         tensor_parallel_size: Worker ranks the model is split across.
         executor_backend: How the workers run: ``uni``, ``mp`` or ``ray``.
+        extra_args_keys: The ``extra_args`` keys EngineCore's selected scheduler, scheduling
+            policy and KV connector take, each with the plugins (as messages name them)
+            that take it; the front end accepts them in requests.
     """
 
     model_name: str
@@ -63,6 +66,7 @@ class EngineInfo:
     vocab_size: int
     tensor_parallel_size: int = 1
     executor_backend: str = "uni"
+    extra_args_keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """The base every SDK ABC shares: contract-version recording and plugin options.
 
 Every class a plugin author writes (a ``LogitsProcessor``, an ``AttentionBackend``, ...)
-inherits from :class:`Plugin` through its ABC. Three things happen at class creation:
+inherits from :class:`Plugin` through its ABC. Four things happen at class creation:
 
 * the SDK version the class was built against is recorded in ``sdk_version`` (unless the
   class body sets it itself, e.g. to state the contract it was written for), and the
@@ -9,7 +9,10 @@ inherits from :class:`Plugin` through its ABC. Three things happen at class crea
 * ``Options`` names a pydantic model the engine validates the operator's
   ``--plugin-option NAME.KEY=VALUE`` settings against before the plugin is constructed;
 * a class that overrides a deprecated hook gets an
-  :class:`~engine.sdk.deprecation.SDKDeprecationWarning` naming it (since 1.1).
+  :class:`~engine.sdk.deprecation.SDKDeprecationWarning` naming it (since 1.1);
+* ``extra_args_keys`` (the keys of a request's ``SamplingParams.extra_args`` the plugin
+  reads) is checked and made a ``frozenset`` (since 1.1). The front end refuses a request
+  whose ``extra_args`` has a key that no plugin the engine uses takes (HTTP 400).
 
 Example::
 
@@ -20,11 +23,15 @@ Example::
         def __init__(self, ctx: LogitsProcessorContext) -> None:
             self.strength = ctx.options.strength  # validated, typed
 
+    class TieredPolicy(SchedulingPolicy):
+        extra_args_keys = frozenset({"tier"})  # requests may send extra_args={"tier": 2}
+
 .. versionadded:: 1.0
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
@@ -53,12 +60,26 @@ class Plugin:
         sdk_version: The SDK version this class was built against, recorded at class
             creation. Set it in the class body to pin the contract explicitly.
         Options: The plugin's options model (default: accepts no options).
+        extra_args_keys: The keys of a request's ``SamplingParams.extra_args`` this plugin
+            reads (default: none). Any kind of plugin that sees requests declares its keys
+            here: a scheduling policy or scheduler (``request.sampling_params``), a KV
+            connector (on the ``KVConnector`` class; its scheduler side sees the requests),
+            a logits processor (which may instead read them in ``validate_params``), ... A
+            request whose ``extra_args`` has a key that no plugin the engine uses takes is
+            refused (HTTP 400 naming the key and the keys that are taken, by which plugin).
+            Give any collection of strings; it is stored as a ``frozenset``.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``extra_args_keys``.
     """
 
     sdk_version: ClassVar[str] = __version__
     Options: ClassVar[type[PluginOptions]] = PluginOptions
+    extra_args_keys: ClassVar[frozenset[str]] = frozenset()
+    """The ``extra_args`` keys this plugin reads (see the class docstring).
+
+    .. versionadded:: 1.1
+    """
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -70,7 +91,21 @@ class Plugin:
                 f"{cls.__qualname__}.Options must be a subclass of engine.sdk.PluginOptions, "
                 f"got {options!r}"
             )
+        if "extra_args_keys" in cls.__dict__:
+            cls.extra_args_keys = _key_set(cls, cls.__dict__["extra_args_keys"])
         warn_overridden_hooks(cls)
+
+
+def _key_set(cls: type, keys: object) -> frozenset[str]:
+    """``keys`` as a frozenset of non-empty strings, or a TypeError naming ``cls``."""
+    if isinstance(keys, (str, bytes)) or not isinstance(keys, Iterable):
+        raise TypeError(f"{cls.__qualname__}.extra_args_keys must be a collection of strings "
+                        f"(e.g. frozenset({{'my_key'}})), got {keys!r}")
+    bad = [key for key in keys if not isinstance(key, str) or not key]
+    if bad:
+        raise TypeError(f"{cls.__qualname__}.extra_args_keys must hold non-empty strings, "
+                        f"got {bad[0]!r}")
+    return frozenset(keys)
 
 
 def major_of(version: str) -> int:

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from engine.core.client.request_stream import RequestStream
-from engine.core.frontend.input_processor import PromptType
+from engine.core.frontend.input_processor import InputProcessor, PromptType
 from engine.core.outputs import RequestOutput
 from engine.core.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
@@ -114,14 +114,21 @@ def render_chat(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
                                          tools=tools, **dict(template_kwargs or {}))
 
 
-def chat_prompt(tokenizer: Tokenizer, messages: Sequence[ChatMessage], *,
+def chat_prompt(processor: InputProcessor, messages: Sequence[ChatMessage], *,
                 add_generation_prompt: bool,
                 template_kwargs: Mapping[str, Any] | None,
                 tools: Sequence[Mapping[str, Any]] | None = None) -> PromptType:
-    """The rendered conversation as a prompt (text and its token ids)."""
-    text = render_chat(tokenizer, messages, add_generation_prompt=add_generation_prompt,
+    """The rendered conversation as a prompt (text and its token ids).
+
+    Raises:
+        ValidationError: the template refused the conversation, or the rendered text cannot
+            fit the context (refused before it is tokenized; ``param`` ``messages``).
+    """
+    text = render_chat(processor.tokenizer, messages,
+                       add_generation_prompt=add_generation_prompt,
                        template_kwargs=template_kwargs, tools=tools)
-    return {"prompt": text, "prompt_token_ids": tokenizer.encode(text, add_special_tokens=False)}
+    ids = processor.encode_text(text, add_special_tokens=False, param="messages")
+    return {"prompt": text, "prompt_token_ids": list(ids)}
 
 
 def _usage(output: RequestOutput) -> UsageInfo:
@@ -141,7 +148,7 @@ async def create_chat_completion(body: ChatCompletionRequest, request: Request) 
     params = chat_sampling(body, plan, engine.setup)
     # Rendering and tokenizing a long conversation takes a while: off the event loop.
     prompt = await engine.tokenizer_pool.run(
-        chat_prompt, engine.tokenizer, body.messages,
+        chat_prompt, engine.input_processor, body.messages,
         add_generation_prompt=body.add_generation_prompt,
         template_kwargs=body.chat_template_kwargs, tools=plan.tools)
     response_id, created = random_id("chatcmpl"), int(time.time())

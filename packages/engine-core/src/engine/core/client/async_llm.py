@@ -168,6 +168,8 @@ class AsyncLLM:
         # Import stat-logger plugins first: a broken one stops start-up before weights load.
         plugin_classes = self.setup.catalog.load_group(STAT_LOGGERS)
         self.info = await self.client.start()
+        # EngineCore's scheduler, policy and connector: their extra_args keys.
+        self.input_processor.extra_args.take(self.info.extra_args_keys)
         try:
             self.stat_loggers = make_stat_loggers(
                 self.setup, self.info, plugin_classes=plugin_classes,

@@ -26,6 +26,7 @@ from typing import Any
 
 from engine.core.engine.scheduler_factory import make_scheduler
 from engine.core.executor import Executor, make_executor
+from engine.core.extra_args_keys import engine_core_keys
 from engine.core.kv_connectors import (
     construct_kv_connector_side,
     kv_connector_context,
@@ -211,7 +212,8 @@ class EngineCore:
                           max_model_len=setup.max_model_len, num_kv_blocks=self.num_blocks,
                           block_size=setup.block_size, vocab_size=setup.vocab_size,
                           tensor_parallel_size=setup.config.tensor_parallel_size,
-                          executor_backend=setup.config.executor_backend)
+                          executor_backend=setup.config.executor_backend,
+                          extra_args_keys=engine_core_keys(setup))
 
     def make_stats(self) -> SchedulerStats:
         """The scheduler's current stats."""

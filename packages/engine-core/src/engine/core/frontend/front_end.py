@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from engine.core.config import EngineConfig
+from engine.core.extra_args_keys import front_end_plugins
 from engine.core.frontend.input_processor import InputProcessor
 from engine.core.frontend.output_processor import OutputProcessor
 from engine.core.plugin_construction import logits_processor_classes
@@ -48,7 +49,7 @@ class FrontEndParts:
             eos_token_id=eos,
             input_processor=InputProcessor(
                 tokenizer, max_model_len=setup.max_model_len, vocab_size=setup.vocab_size,
-                logits_processors=logits_processor_classes(setup),
+                extra_args_plugins=front_end_plugins(setup, logits_processor_classes(setup)),
                 max_logprobs=config.max_logprobs,
                 structured_outputs=frontend_validator(
                     setup, tokenizer.hf_tokenizer, () if eos is None else (eos,))),

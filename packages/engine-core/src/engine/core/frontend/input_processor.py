@@ -2,9 +2,11 @@
 
 Every check here happens before EngineCore sees the request, and every failure is a
 ``ValidationError`` naming the field (HTTP 400 in the server): the model's limits (context
-length, vocabulary), what the wire can carry (:mod:`engine.core.frontend.wire_limits`),
-and the logits processors' parameters (:mod:`engine.core.frontend.extra_args`: each
-processor's ``validate_params``, and no ``extra_args`` key that none of them takes).
+length, vocabulary; a text so long that it cannot fit the context whatever its tokens is
+refused before it is tokenized: :mod:`engine.core.tokenizer.length_bound`), what the wire
+can carry (:mod:`engine.core.frontend.wire_limits`),
+and the plugins' parameters (:mod:`engine.core.frontend.extra_args`: each logits
+processor's ``validate_params``, and no ``extra_args`` key that no plugin takes).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from engine.core.frontend.extra_args import ExtraArgsChecker
 from engine.core.frontend.wire_limits import check_int32, check_text, check_wire_limits
 from engine.core.tokenizer.tokenizer import Tokenizer
 from engine.sdk.errors import ValidationError
-from engine.sdk.logits_processor import LogitsProcessor
+from engine.sdk.plugin import Plugin
 from engine.sdk.sampling_params import SamplingParams
 from engine.sdk.scheduler import EngineRequest
 from engine.sdk.structured_output import StructuredOutputsParams
@@ -47,7 +49,7 @@ class InputProcessor:
     """Tokenizes and validates prompts against the model's limits and the plugins."""
 
     def __init__(self, tokenizer: Tokenizer, *, max_model_len: int, vocab_size: int,
-                 logits_processors: Mapping[str, type[LogitsProcessor]],
+                 extra_args_plugins: Mapping[str, type[Plugin]],
                  max_logprobs: int = 20,
                  structured_outputs: Callable[[StructuredOutputsParams], None] | None = None,
                  ) -> None:
@@ -56,8 +58,10 @@ class InputProcessor:
         self.vocab_size = vocab_size
         #: ``--max-logprobs``: most logprobs per token a request may ask for (-1: vocab).
         self.max_logprobs = vocab_size if max_logprobs == -1 else max_logprobs
-        self.logits_processors = dict(logits_processors)
-        self.extra_args = ExtraArgsChecker(self.logits_processors)
+        #: The loaded logits processors' ``validate_params`` and the ``extra_args`` keys the
+        #: plugins the engine uses take (:mod:`engine.core.extra_args_keys`; EngineCore's
+        #: are added once it is up).
+        self.extra_args = ExtraArgsChecker(extra_args_plugins)
         #: Checks a request's structured-output spec (the backend's ``validate``).
         self.check_structured_outputs = structured_outputs
 
@@ -65,7 +69,7 @@ class InputProcessor:
         """``(text or None, token ids)`` of a prompt in any accepted form."""
         if isinstance(prompt, str):
             check_text(prompt, "prompt")
-            return prompt, tuple(self.tokenizer.encode(prompt))
+            return prompt, self.encode_text(prompt)
         if isinstance(prompt, Mapping):
             if "prompt_token_ids" in prompt:
                 return prompt.get("prompt"), self._check_ids(prompt["prompt_token_ids"])
@@ -77,6 +81,35 @@ class InputProcessor:
             return None, self._check_ids(prompt)
         raise ValidationError(f"a prompt must be a string, a list of token ids or a dict, got "
                               f"{type(prompt).__name__}", param="prompt")
+
+    def encode_text(self, text: str, *, add_special_tokens: bool = True,
+                    param: str = "prompt") -> tuple[int, ...]:
+        """Token ids of ``text``, refused first if it cannot fit the context.
+
+        A text whose token count is known, from its length alone, to leave no room to
+        generate (``Tokenizer.min_num_tokens(text) >= max_model_len``) is refused without
+        tokenizing it: a 20 MB prompt costs a length check, not half a minute of CPU.
+
+        Args:
+            text: A prompt, or a conversation rendered with the chat template.
+            add_special_tokens: Add what the tokenizer adds around a sequence (BOS); False
+                for a rendered conversation.
+            param: The request field named by the error (``"messages"`` for chat).
+
+        Raises:
+            ValidationError: the text cannot fit the context (as ``validate_params`` says
+                of a prompt that leaves no room to generate).
+        """
+        if len(text) >= self.max_model_len:  # a shorter text has fewer tokens than that
+            at_least = self.tokenizer.min_num_tokens(text)
+            if at_least >= self.max_model_len:
+                raise ValidationError(
+                    f"the prompt has at least {at_least} tokens ({len(text)} characters, and "
+                    f"one token of this tokenizer stands for at most "
+                    f"{self.tokenizer.max_chars_per_token}); this model's maximum context "
+                    f"length is {self.max_model_len}, which leaves no room to generate",
+                    param=param)
+        return tuple(self.tokenizer.encode(text, add_special_tokens=add_special_tokens))
 
     def _check_ids(self, ids: Any) -> tuple[int, ...]:
         if not isinstance(ids, Sequence) or isinstance(ids, str):

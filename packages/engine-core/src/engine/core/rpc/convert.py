@@ -312,7 +312,9 @@ def info_to_proto(info: EngineInfo) -> pb.EngineInfo:
                          num_kv_blocks=info.num_kv_blocks, block_size=info.block_size,
                          vocab_size=info.vocab_size,
                          tensor_parallel_size=info.tensor_parallel_size,
-                         executor_backend=info.executor_backend)
+                         executor_backend=info.executor_backend,
+                         extra_args_keys=[pb.ExtraArgsKey(key=key, plugins=plugins)
+                                          for key, plugins in info.extra_args_keys.items()])
 
 
 def info_from_proto(msg: pb.EngineInfo) -> EngineInfo:
@@ -321,5 +323,7 @@ def info_from_proto(msg: pb.EngineInfo) -> EngineInfo:
                       num_kv_blocks=msg.num_kv_blocks, block_size=msg.block_size,
                       vocab_size=msg.vocab_size,
                       tensor_parallel_size=msg.tensor_parallel_size or 1,
-                      executor_backend=msg.executor_backend or "uni")
+                      executor_backend=msg.executor_backend or "uni",
+                      extra_args_keys={item.key: tuple(item.plugins)
+                                       for item in msg.extra_args_keys})
 

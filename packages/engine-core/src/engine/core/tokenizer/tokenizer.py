@@ -14,6 +14,7 @@ equality); it decodes exactly what the tokens say.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ import jinja2
 from tokenizers import Tokenizer as BackendTokenizer
 from transformers import PreTrainedTokenizerBase
 
+from engine.core.tokenizer.length_bound import max_chars_per_token
 from engine.sdk.errors import UnsupportedError, ValidationError
 
 NO_TEMPLATE_HINT = "pass one with --chat-template FILE"
@@ -111,6 +113,24 @@ class Tokenizer:
             add_special_tokens: Add what the tokenizer adds around a sequence (e.g. BOS).
         """
         return list(self._hf.encode(text, add_special_tokens=add_special_tokens))
+
+    @functools.cached_property
+    def max_chars_per_token(self) -> int | None:
+        """The most characters of input one token can stand for; ``None``: no such bound.
+
+        Derived from the tokenizer's pipeline (see
+        :mod:`engine.core.tokenizer.length_bound`), once, on first use.
+        """
+        return max_chars_per_token(self._backend)
+
+    def min_num_tokens(self, text: str) -> int:
+        """A lower bound on ``len(self.encode(text))``, without tokenizing (0 if none is known).
+
+        ``ceil(len(text) / max_chars_per_token)``: cheap, so a text far too long for the
+        context can be refused before the (slow) tokenization.
+        """
+        limit = self.max_chars_per_token
+        return 0 if limit is None else -(-len(text) // limit)
 
     def decode(self, ids: Iterable[int], skip_special_tokens: bool = True) -> str:
         """The text of ``ids`` (unknown ids are dropped; no whitespace clean-up)."""

@@ -159,6 +159,9 @@ class LogitsProcessor(Plugin, ABC):
         ``vocab_size``) cannot be checked here: the worker side must tolerate them.
         Default: accepts everything.
 
+        The keys of ``extra_args`` it reads are keys the processor takes: the front end
+        refuses a key that no plugin takes (or declares in ``extra_args_keys``).
+
         .. versionadded:: 1.0
         """
 

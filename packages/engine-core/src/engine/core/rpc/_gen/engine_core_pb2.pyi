@@ -241,7 +241,7 @@ class GetInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class EngineInfo(_message.Message):
-    __slots__ = ("model_name", "max_model_len", "num_kv_blocks", "block_size", "vocab_size", "tensor_parallel_size", "executor_backend")
+    __slots__ = ("model_name", "max_model_len", "num_kv_blocks", "block_size", "vocab_size", "tensor_parallel_size", "executor_backend", "extra_args_keys")
     MODEL_NAME_FIELD_NUMBER: _ClassVar[int]
     MAX_MODEL_LEN_FIELD_NUMBER: _ClassVar[int]
     NUM_KV_BLOCKS_FIELD_NUMBER: _ClassVar[int]
@@ -249,6 +249,7 @@ class EngineInfo(_message.Message):
     VOCAB_SIZE_FIELD_NUMBER: _ClassVar[int]
     TENSOR_PARALLEL_SIZE_FIELD_NUMBER: _ClassVar[int]
     EXECUTOR_BACKEND_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_ARGS_KEYS_FIELD_NUMBER: _ClassVar[int]
     model_name: str
     max_model_len: int
     num_kv_blocks: int
@@ -256,7 +257,16 @@ class EngineInfo(_message.Message):
     vocab_size: int
     tensor_parallel_size: int
     executor_backend: str
-    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., executor_backend: _Optional[str] = ...) -> None: ...
+    extra_args_keys: _containers.RepeatedCompositeFieldContainer[ExtraArgsKey]
+    def __init__(self, model_name: _Optional[str] = ..., max_model_len: _Optional[int] = ..., num_kv_blocks: _Optional[int] = ..., block_size: _Optional[int] = ..., vocab_size: _Optional[int] = ..., tensor_parallel_size: _Optional[int] = ..., executor_backend: _Optional[str] = ..., extra_args_keys: _Optional[_Iterable[_Union[ExtraArgsKey, _Mapping]]] = ...) -> None: ...
+
+class ExtraArgsKey(_message.Message):
+    __slots__ = ("key", "plugins")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    PLUGINS_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    plugins: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, key: _Optional[str] = ..., plugins: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class GetStatsRequest(_message.Message):
     __slots__ = ()
