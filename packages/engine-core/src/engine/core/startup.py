@@ -168,17 +168,18 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
     source = resolve_model(config.model, load_format=config.load_format,
                            tokenizer=config.tokenizer)
     hf_config = load_config(source)
-    model = choose_model(catalog, architectures_of(hf_config), config.model_impl)
-    if len(model.candidates) > 1 and process == "frontend":
-        logger.info("model %s: %s (%s) [%s]; candidates: %s", model.architecture,
-                    model.entry.value, model.entry.provider, model.reason,
-                    ", ".join(f"{e.value} ({e.provider})" for e in model.candidates))
     check_tensor_parallel(hf_config, config.tensor_parallel_size, platform)
     dtype = resolve_dtype(platform_config.dtype or "auto", hf_config, source, platform)
     check_kv_cache_dtype(config.kv_cache_dtype, str(dtype).removeprefix("torch."))
     quantization = resolve_quantization(config.quantization, catalog, source, platform,
                                         str(dtype).removeprefix("torch."))  # before any load
     max_model_len = resolve_max_model_len(config.max_model_len, hf_config)
+    # After the checks above, which say what is wrong with the config first.
+    model = choose_model(catalog, architectures_of(hf_config), config.model_impl)
+    if len(model.candidates) > 1 and process == "frontend":
+        logger.info("model %s: %s (%s) [%s]; candidates: %s", model.architecture,
+                    model.entry.value, model.entry.provider, model.reason,
+                    ", ".join(f"{e.value} ({e.provider})" for e in model.candidates))
     setup = EngineSetup(
         config=config, catalog=catalog, manifest=manifest, platform=platform, source=source,
         hf_config=hf_config, dtype=dtype, max_model_len=max_model_len,
