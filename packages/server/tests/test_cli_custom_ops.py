@@ -9,21 +9,29 @@ from engine.testing.test_plugins import run_engine_cli
 
 
 def _op_lines(stdout: str) -> list[str]:
+    """The line of each op (its candidates, indented further, left out)."""
     lines = stdout.splitlines()
-    start = lines.index("custom ops  (built in: worker; at start-up the platform's custom_ops "
-                        "apply first, then --custom-ops, which wins)")
-    assert [line.split()[0] for line in lines[start + 1:]] == [
-        "rms_norm", "rotary_embedding", "silu_and_mul"]
-    return lines[start + 1:]
+    start = next(i for i, line in enumerate(lines) if line.startswith("custom ops on cpu  ("))
+    ops = [line for line in lines[start + 1:] if line.startswith("  ") and
+           not line.startswith("    ")]
+    assert [line.split()[0] for line in ops] == ["rms_norm", "rotary_embedding",
+                                                 "silu_and_mul"]
+    return ops
 
 
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "list"], test_plugins_dir)
     assert result.returncode == 0, result.stderr
-    # engine-kernels (installed with engine-server) replaces all three.
-    assert all("engine.kernels.ops:Triton" in line and "(engine-kernels 0.1.0)" in line
-               and "[default: an allowed replacement is used]" in line
+    # engine-kernels (installed with engine-server) registers all three, with no CPU path:
+    # on this CPU the built-ins are used, and the Triton ops are listed as candidates.
+    assert all("= built-in engine.core.model_executor.layers.builtin_ops:" in line
+               and "[default: the only implementation with a cpu path]" in line
                for line in _op_lines(result.stdout))
+    assert result.stdout.count("(engine-kernels 0.1.0)  (priority 0; not eligible: it has no "
+                               "cpu path of its own") == 3
+    forced = run_engine_cli(["plugins", "list", "--custom-ops", "all"], test_plugins_dir)
+    assert all("engine.kernels.ops:Triton" in line and "[--custom-ops: all]" in line
+               for line in _op_lines(forced.stdout))
     none = run_engine_cli(["plugins", "list"], test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
     assert all("built-in engine.core.model_executor.layers.builtin_ops:" in line
                and "[no replacement is installed]" in line for line in _op_lines(none.stdout))

@@ -76,16 +76,28 @@ async def test_probes_and_public_paths_are_open(http: httpx.AsyncClient, method:
 
 
 @in_module_loop
-async def test_load_counts_generation_requests_in_flight(http: httpx.AsyncClient) -> None:
+async def test_load_counts_generation_requests_in_flight(
+        http: httpx.AsyncClient, engine: AsyncLLM, monkeypatch: pytest.MonkeyPatch) -> None:
     assert (await http.get("/load", headers=AUTH)).json() == {"server_load": 0}
+    gate = asyncio.Event()  # holds both requests in flight until /load has been read
+    add_request = engine.add_request_async
+
+    async def held(*args: object, **kwargs: object) -> object:
+        await gate.wait()
+        return await add_request(*args, **kwargs)
+
+    monkeypatch.setattr(engine, "add_request_async", held)
     body = {"prompt": "Hello", "max_tokens": 16, "ignore_eos": True, "temperature": 0}
     requests = [asyncio.ensure_future(http.post("/v1/completions", json=body, headers=AUTH))
                 for _ in range(2)]
-    seen = 0
-    while not all(r.done() for r in requests) and seen < 2:
-        seen = max(seen, (await http.get("/load", headers=AUTH)).json()["server_load"])
-        await asyncio.sleep(0.01)
-    assert seen == 2, "both requests should count while they run"
+    load = 0
+    for _ in range(1000):  # both arrive and wait at the gate (bounded: a miscount fails)
+        await asyncio.sleep(0)
+        load = (await http.get("/load", headers=AUTH)).json()["server_load"]
+        if load == 2 or any(r.done() for r in requests):
+            break
+    gate.set()
+    assert load == 2, "both requests should count while they run"
     assert [r.status_code for r in await asyncio.gather(*requests)] == [200, 200]
     assert (await http.get("/load", headers=AUTH)).json() == {"server_load": 0}
     await http.post("/tokenize", json={"prompt": "Hi"}, headers=AUTH)  # not a generation

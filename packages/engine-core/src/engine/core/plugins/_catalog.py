@@ -25,7 +25,7 @@ from typing import Any
 from engine.core.plugins._allowlist import Allowlist, Decision
 from engine.core.plugins._entry import PluginEntry, normalize_dist_name
 from engine.core.plugins._loader import import_object, load_entry, plugin_error
-from engine.core.plugins._precedence import TARGET_GROUPS, choose
+from engine.core.plugins._precedence import TARGET_GROUPS, choose, standing
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import GENERAL_PLUGINS, GROUPS
 
@@ -122,12 +122,14 @@ class PluginCatalog:
             others: list[PluginEntry] = []
             if self.decision(entry).allowed and entry.group not in TARGET_GROUPS:
                 others = [e for e in self.candidates(entry.group, entry.name) if e is not entry]
-            same = tuple(e for e in others if e.is_first_party == entry.is_first_party)
-            other = tuple(e for e in others if e.is_first_party != entry.is_first_party)
+            same = tuple(e for e in others if standing(e) == standing(entry))
+            below = tuple(e for e in others if standing(e) > standing(entry))
+            above = [e for e in others if standing(e) < standing(entry)]
+            best = min(map(standing, above), default=None)
+            winners = tuple(e for e in above if standing(e) == best)
             rows.append(CatalogRow(
-                entry, self.decision(entry), same,
-                shadows=other if not entry.is_first_party and not same else (),
-                shadowed_by=other if entry.is_first_party and len(other) == 1 else ()))
+                entry, self.decision(entry), same, shadows=() if same else below,
+                shadowed_by=winners if len(winners) == 1 else ()))
         return rows
 
     def error(self, group: str, name: str, cause: str) -> PluginError:

@@ -31,23 +31,34 @@ TARGET_GROUPS = frozenset({CUSTOM_OPS, MODELS})
 _logged: set[tuple[str, str, str | None]] = set()
 
 
+def standing(entry: PluginEntry) -> int:
+    """0: a third party's; 1: engine-kernels' (the engine's plugin package); 2: built in."""
+    return 0 if not entry.is_first_party else 2 if entry.is_builtin else 1
+
+
 def choose(entries: Sequence[PluginEntry], allowlist_source: str) -> PluginEntry:
     """The entry a name means among the allowed ``entries`` that share it (at least one).
 
+    A third party's entry comes first, then engine-kernels' (a plugin package of the
+    engine's), then the built-in one (engine-core's, engine-server's): in a target group
+    that is the name's "replacement" when code asks for one by name (the choice proper is
+    made by the target's own selection).
+
     Raises:
-        PluginError: two or more third parties provide it (or two of the engine's own
-            distributions do), naming every one and how to choose.
+        PluginError: two or more entries of the same standing (two third parties'),
+            naming every one and how to choose.
     """
     if len(entries) == 1:
         return entries[0]
-    third_party = [e for e in entries if not e.is_first_party]
-    if len(third_party) != 1:
-        raise ambiguity_error(third_party or list(entries), allowlist_source)
-    chosen = third_party[0]
+    best = min(map(standing, entries))
+    top = [e for e in entries if standing(e) == best]
+    if len(top) > 1:
+        raise ambiguity_error(top, allowlist_source)
+    chosen = top[0]
     marker = (chosen.group, chosen.name, chosen.distribution)
     if marker not in _logged:
         _logged.add(marker)
-        own = [e for e in entries if e.is_first_party]
+        own = [e for e in entries if e is not chosen]
         logger.info(
             "plugin %r (group %s, distribution %s) takes precedence over the engine's own %s; "
             "to use the engine's, give it by its class path (%s) where you select %r",
@@ -77,4 +88,4 @@ def ambiguity_error(entries: Sequence[PluginEntry], allowlist_source: str) -> Pl
     return error
 
 
-__all__ = ["TARGET_GROUPS", "ambiguity_error", "choose"]
+__all__ = ["TARGET_GROUPS", "ambiguity_error", "choose", "standing"]
