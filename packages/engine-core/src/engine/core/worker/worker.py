@@ -209,7 +209,7 @@ class Worker:
             plugin_name=self.built.backend.name, spec=spec, layer_names=tuple(layers),
             device=str(self.device), max_num_reqs=self.setup.config.max_num_seqs,
             max_num_batched_tokens=self.setup.max_num_batched_tokens,
-            max_model_len=self.setup.max_model_len,
+            max_model_len=self.setup.max_model_len, options=self.built.factory.backend_options,
         )
         return self.built.backend.get_builder_cls()(ctx)
 
