@@ -6,10 +6,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from acme_engine_plugins.attention import AcmeSDPABackend, SDPAImpl
+
 from engine.testing.contracts import DEFAULT_ATTENTION_CASES, check_attention_backend
 from engine.testing.engine import assert_kv_pool_full
-
-from acme_engine_plugins.attention import AcmeSDPABackend, SDPAImpl
 
 
 def test_conforms_on_every_default_case() -> None:

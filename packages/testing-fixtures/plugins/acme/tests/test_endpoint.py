@@ -8,9 +8,9 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from engine.sdk import SamplingParams
-
 from acme_engine_plugins.endpoint import SimpleGenerateEndpoint
+
+from engine.sdk import SamplingParams
 
 
 class FakeClient:

@@ -9,7 +9,6 @@ import textwrap
 from pathlib import Path
 
 import torch
-
 from acme_engine_plugins.general import register
 
 # General plugins run once per process: a fresh interpreter sees the first engine start.

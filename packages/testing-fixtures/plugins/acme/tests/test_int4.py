@@ -9,14 +9,14 @@ from typing import Any
 
 import pytest
 import torch
+from acme_engine_plugins.int4 import Int4Config
+from acme_engine_plugins.int4_format import dequantize, pack, quantize, quantize_checkpoint, unpack
+from acme_engine_plugins.int4_kernel import Int4DequantKernel
+
 from engine.core import SamplingParams
 from engine.sdk import ValidationError
 from engine.sdk.linear_kernel import LinearKernelConfig
 from engine.testing.engine import assert_kv_pool_full
-
-from acme_engine_plugins.int4 import Int4Config
-from acme_engine_plugins.int4_format import dequantize, pack, quantize, quantize_checkpoint, unpack
-from acme_engine_plugins.int4_kernel import Int4DequantKernel
 
 
 def test_pack_round_trip_and_quantization_error() -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.sdk import GenerationResult, IOProcessorContext, ValidationError
-
 from acme_engine_plugins.io_processor import Classifier
+
+from engine.sdk import GenerationResult, IOProcessorContext, ValidationError
 
 LABELS = ["spam", "ham"]
 

@@ -8,11 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acme_engine_plugins.kv_lru import LRUConnector, LRUScheduler, LRUWorker, block_keys
+
 from engine.core import SamplingParams
 from engine.testing.contracts import check_kv_connector
 from engine.testing.engine import assert_kv_pool_full, tokens_and_cached
-
-from acme_engine_plugins.kv_lru import LRUConnector, LRUScheduler, LRUWorker, block_keys
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 

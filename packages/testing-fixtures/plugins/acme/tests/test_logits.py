@@ -10,11 +10,11 @@ from typing import Any
 
 import pytest
 import torch
+from acme_engine_plugins.logits import KEY, NoRepeatNGram, banned_tokens
+
 from engine.sdk.errors import ValidationError
 from engine.sdk.sampling_params import SamplingParams
 from engine.testing.contracts import check_logits_processor
-
-from acme_engine_plugins.logits import KEY, NoRepeatNGram, banned_tokens
 
 
 def make_params(rng: random.Random) -> SamplingParams:

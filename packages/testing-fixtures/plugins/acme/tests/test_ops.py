@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 import torch
-from engine.sdk.ops import RMSNormOp
-
 from acme_engine_plugins.ops import AcmeRMSNorm
+
+from engine.sdk.ops import RMSNormOp
 
 OURS = "acme_engine_plugins.ops:AcmeRMSNorm"
 BUILT_IN = "engine.core.model_executor.layers.builtin_ops:RMSNorm"  # docs/plugins/custom-ops.md

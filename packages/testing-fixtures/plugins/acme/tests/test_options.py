@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.sdk import PluginError
-
 from acme_engine_plugins.qwen3 import Qwen3ForCausalLM
+
+from engine.sdk import PluginError
 
 # WORKAROUND(issue 34): the cases marked KNOWN fail today (a raw pydantic dump instead of
 # the documented message, or an unselected plugin's typo accepted silently). They are

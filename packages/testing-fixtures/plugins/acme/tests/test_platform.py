@@ -7,10 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.sdk import PlatformConfig
-
 from acme_engine_plugins.attention import SDPAImpl
 from acme_engine_plugins.platform import ENV_VAR, AcmeCPUPlatform, detect
+
+from engine.sdk import PlatformConfig
 
 
 def test_no_claim_unless_enabled(monkeypatch: pytest.MonkeyPatch) -> None:

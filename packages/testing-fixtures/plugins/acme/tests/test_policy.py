@@ -4,16 +4,19 @@ invariant with it; in an engine it is asked only when selected."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from acme_engine_plugins.policy import ShortestJobFirst
+
 from engine.sdk import (
-    RequestStatus, SamplingParams, SchedulerContext, SchedulingPolicyContext,
+    RequestStatus,
+    SamplingParams,
+    SchedulerContext,
+    SchedulingPolicyContext,
 )
 from engine.testing.contracts import check_scheduler
-
-from acme_engine_plugins.policy import ShortestJobFirst
 
 
 @dataclass(frozen=True)
@@ -22,7 +25,7 @@ class View:  # satisfies engine.sdk.RequestView
     num_prompt_tokens: int
     num_tokens: int
     arrival_time: float
-    sampling_params: SamplingParams = SamplingParams()
+    sampling_params: SamplingParams = field(default_factory=SamplingParams)
     prompt_token_ids: tuple[int, ...] = ()
     output_token_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0

@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 import torch
+from acme_engine_plugins.qwen3 import Qwen3ForCausalLM, rope_settings
+
 from engine.core import SamplingParams
 from engine.testing.engine import assert_kv_pool_full, hf_greedy
-
-from acme_engine_plugins.qwen3 import Qwen3ForCausalLM, rope_settings
 
 
 def hf_logprobs(checkpoint: Path, sequence: list[int], start: int) -> list[float]:

@@ -8,13 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from acme_engine_plugins.policy import ShortestJobFirst
+from acme_engine_plugins.scheduler import LazyScheduler
+
 from engine.sdk import PluginError, SchedulingPolicyContext
 from engine.testing.contracts import check_scheduler
 from engine.testing.contracts.schedulers import BASE_CONTEXT
 from engine.testing.engine import assert_kv_pool_full
-
-from acme_engine_plugins.policy import ShortestJobFirst
-from acme_engine_plugins.scheduler import LazyScheduler
 
 
 def test_conforms() -> None:
@@ -31,7 +31,7 @@ def test_conforms_with_a_policy() -> None:
         calls.append(1)
         return original(running)
 
-    sjf.select_preemption_victim = counting  # type: ignore[method-assign]
+    sjf.select_preemption_victim = counting
     check_scheduler(LazyScheduler, context=replace(BASE_CONTEXT, policy=sjf))
     assert calls  # the policy chose the victims
 

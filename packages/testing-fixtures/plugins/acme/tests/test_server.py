@@ -12,6 +12,7 @@ from typing import Any
 
 import httpx
 import pytest
+
 from engine.testing.server import RemoteServer, running_server
 
 TOOLS = [{"type": "function", "function": {

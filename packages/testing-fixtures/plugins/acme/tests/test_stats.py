@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from engine.sdk import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerContext
-
 from acme_engine_plugins.stats import JsonlRequestLogger
+
+from engine.sdk import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerContext
 
 
 def make(path: Path | None) -> JsonlRequestLogger:

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 import torch
+from acme_engine_plugins.structured import RegexBackend, RegexGrammar
+
 from engine.core import SamplingParams
 from engine.sdk import ValidationError
 from engine.sdk.structured_output import (
@@ -17,8 +19,6 @@ from engine.sdk.structured_output import (
     StructuredOutputMatcher,
     StructuredOutputsParams,
 )
-
-from acme_engine_plugins.structured import RegexBackend, RegexGrammar
 
 PHONE = r"[0-9]{3}-[0-9]{4}"
 
@@ -59,7 +59,7 @@ def test_a_regex_is_followed_then_ends(backend: RegexBackend) -> None:
 
 
 def test_choice_is_served_too(backend: RegexBackend) -> None:
-    grammar = backend.compile(StructuredOutputsParams(choice=["yes", "no", "y.s"]))
+    grammar = backend.compile(StructuredOutputsParams(choice=("yes", "no", "y.s")))
     assert isinstance(grammar, RegexGrammar)
     assert grammar.is_complete("y.s") and not grammar.is_complete("yes.")
     assert not grammar.can_continue("yxs")  # the dot is a literal dot
@@ -82,7 +82,8 @@ def test_selected_it_constrains_only_the_requests_that_ask(
 ) -> None:
     calls = spy(RegexBackend, "compile")
     free = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    phone = SamplingParams(temperature=0, max_tokens=12, structured_outputs={"regex": PHONE})
+    phone = SamplingParams(temperature=0, max_tokens=12,
+                           structured_outputs=StructuredOutputsParams(regex=PHONE))
     with make_llm(tiny_qwen3, structured_outputs_backend="acme_regex") as llm:
         outputs = llm.generate([{"prompt_token_ids": p} for p in prompts] * 2,
                                [free] * len(prompts) + [phone] * len(prompts), use_tqdm=False)
@@ -99,5 +100,6 @@ def test_not_selected_it_is_never_asked(
     calls = spy(RegexBackend, "__init__")
     with make_llm(tiny_qwen3) as llm:  # xgrammar serves the regex
         [output] = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(
-            temperature=0, max_tokens=12, structured_outputs={"regex": PHONE}), use_tqdm=False)
+            temperature=0, max_tokens=12,
+            structured_outputs=StructuredOutputsParams(regex=PHONE)), use_tqdm=False)
     assert re.fullmatch(PHONE, output.outputs[0].text) and calls["__init__"] == 0

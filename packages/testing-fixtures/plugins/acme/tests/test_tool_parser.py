@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from engine.sdk.tool_parser import ToolParserContext
-
 from acme_engine_plugins.tool_parser import FunctionTagParser
+
+from engine.sdk.tool_parser import ToolParserContext
 
 TOOLS = [{"type": "function", "function": {"name": name, "parameters": {"type": "object"}}}
          for name in ("get_weather", "get_time")]

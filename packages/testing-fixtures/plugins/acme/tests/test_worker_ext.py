@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 import torch
-
 from acme_engine_plugins.worker_ext import AcmeInspect
 
 

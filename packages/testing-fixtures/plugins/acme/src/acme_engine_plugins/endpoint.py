@@ -42,6 +42,8 @@ class SimpleGenerateEndpoint(EndpointPlugin):
             async for output in self.client.generate(f"acme-{uuid.uuid4().hex}", prompt,
                                                      params):
                 final = output  # cumulative: the last one holds everything
+            if final is None:
+                return JSONResponse({"error": "the engine returned nothing"}, status_code=500)
             completion = final.outputs[0]
             return JSONResponse({"text": completion.text,
                                  "token_ids": list(completion.token_ids),

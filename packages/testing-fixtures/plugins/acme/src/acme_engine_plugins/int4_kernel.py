@@ -7,6 +7,8 @@ Priority 10: a fallback that a faster kernel for the scheme (priority > 10) repl
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 
@@ -47,5 +49,6 @@ class Int4DequantKernel(LinearKernel):
 
     def apply(self, layer: torch.nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
-        weight = dequantize(layer.qweight, layer.scales, x.dtype)
+        qweight, scales = cast(torch.Tensor, layer.qweight), cast(torch.Tensor, layer.scales)
+        weight = dequantize(qweight, scales, x.dtype)
         return F.linear(x, weight, bias)

@@ -22,6 +22,7 @@ from engine.sdk import (
     SamplingParams,
     ValidationError,
 )
+from engine.sdk.structured_output import StructuredOutputsParams
 
 
 class Classifier(IOProcessor):
@@ -50,7 +51,7 @@ class Classifier(IOProcessor):
     def pre_process(self, request: Any, request_id: str | None = None) -> list[ProcessedPrompt]:
         texts, labels = request
         params = SamplingParams(temperature=0, max_tokens=max(len(x) for x in labels) * 4,
-                                structured_outputs={"choice": labels})
+                                structured_outputs=StructuredOutputsParams(choice=tuple(labels)))
         return [ProcessedPrompt(text=self.options.prompt_template.format(text=text),
                                 sampling_params=params) for text in texts]
 

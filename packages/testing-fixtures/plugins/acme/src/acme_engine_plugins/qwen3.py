@@ -80,7 +80,8 @@ class Qwen3Attention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor,
                 attn_metadata: Any) -> torch.Tensor:
         num_tokens = hidden.shape[0]
-        q, k, v = self.qkv_proj(hidden).split([self.q_size, self.kv_size, self.kv_size], -1)
+        q, k, v = torch.split(self.qkv_proj(hidden), [self.q_size, self.kv_size, self.kv_size],
+                              dim=-1)
         q = self.q_norm(q.reshape(num_tokens, self.num_heads, self.head_dim).contiguous())
         k = self.k_norm(k.reshape(num_tokens, self.num_kv_heads, self.head_dim).contiguous())
         q, k = self.rotary_emb(positions, q, k)

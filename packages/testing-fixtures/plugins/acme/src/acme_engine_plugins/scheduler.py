@@ -19,9 +19,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.sdk import (
-    CachedRequestData, EngineCoreOutput, EngineRequest, ModelRunnerOutput, NewRequestData,
-    RequestStatus, SampleLogprobs, SamplingParams, SchedulerContext, SchedulerInterface,
-    SchedulerOutput, SchedulerState, SchedulerStats, ValidationError,
+    CachedRequestData,
+    EngineCoreOutput,
+    EngineRequest,
+    ModelRunnerOutput,
+    NewRequestData,
+    RequestStatus,
+    SampleLogprobs,
+    SamplingParams,
+    SchedulerContext,
+    SchedulerInterface,
+    SchedulerOutput,
+    SchedulerState,
+    SchedulerStats,
+    ValidationError,
 )
 
 
@@ -136,7 +147,7 @@ class LazyScheduler(SchedulerInterface):
             cached.append((r.request_id, new_blocks, r.num_computed_tokens))
         new_reqs = [] if preempted else self._admit(budget, num_scheduled)
         finished, self.finished_req_ids = frozenset(self.finished_req_ids), set()
-        ids, blocks, computed = zip(*cached) if cached else ((), (), ())
+        ids, blocks, computed = zip(*cached, strict=True) if cached else ((), (), ())
         return SchedulerOutput(
             tuple(new_reqs), CachedRequestData(tuple(ids), tuple(blocks), tuple(computed)),
             num_scheduled, sum(num_scheduled.values()), finished_req_ids=finished,
@@ -153,8 +164,8 @@ class LazyScheduler(SchedulerInterface):
         while needed > len(self.free_block_ids):
             candidates = [x for x in self.running if x.request_id not in scheduled]
             policy = self.ctx.policy
-            victim = candidates[-1] if policy is None else policy.select_preemption_victim(
-                candidates)
+            victim = candidates[-1] if policy is None else self.requests[
+                policy.select_preemption_victim(candidates).request_id]
             self._preempt(victim, preempted)
             if victim is r:
                 return None
