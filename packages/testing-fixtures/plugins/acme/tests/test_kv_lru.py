@@ -8,7 +8,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from acme_engine_plugins.kv_lru import LRUConnector, LRUScheduler, LRUWorker, block_keys
+from acme_engine_plugins.kv_lru import (
+    SKIP_KEY,
+    LRUConnector,
+    LRUScheduler,
+    LRUWorker,
+    block_keys,
+)
 
 from engine.core import SamplingParams
 from engine.testing.contracts import check_kv_connector
@@ -82,3 +88,51 @@ def test_bad_options_stop_start_up_naming_the_key(
 ) -> None:
     with pytest.raises(Exception, match=next(iter(bad))):
         llm_with(make_llm, tiny_qwen3, kv_connector="acme_lru", kv_connector_options=bad)
+
+
+# WORKAROUND(issue 34): kv-connectors.md and PrefixCacheStats say connector-supplied tokens
+# count as prefix-cache hits, but with the local prefix cache off the engine reports none.
+# Drop the xfail once the metrics report them (or adapt it to the field they move to).
+@pytest.mark.xfail(reason="issue 34: connector hits are missing from PrefixCacheStats",
+                   strict=False)
+def test_stat_loggers_see_the_stores_hits(
+    tiny_qwen3: Path, make_llm: Callable[..., Any],
+) -> None:
+    from acme_engine_plugins.stats import JsonlRequestLogger
+
+    loggers: list[JsonlRequestLogger] = []
+    original = JsonlRequestLogger.__init__
+
+    def keep(self: JsonlRequestLogger, ctx: Any) -> None:
+        original(self, ctx)
+        loggers.append(self)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(JsonlRequestLogger, "__init__", keep)
+        with llm_with(make_llm, tiny_qwen3, kv_connector="acme_lru") as llm:
+            prompt = list(range(40, 58))
+            tokens_and_cached(llm, [prompt], GREEDY)
+            _, cached = tokens_and_cached(llm, [prompt], GREEDY)
+    assert cached == [16]
+    [logger] = loggers
+    assert logger.prefix_cache_hits == 16
+
+
+def test_a_request_can_stay_out_of_the_store(
+    tiny_qwen3: Path, make_llm: Callable[..., Any],
+) -> None:
+    from engine.sdk import ValidationError
+
+    prompt = list(range(40, 58))
+    private = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True,
+                             extra_args={SKIP_KEY: True})
+    with llm_with(make_llm, tiny_qwen3, kv_connector="acme_lru") as llm:
+        tokens_and_cached(llm, [prompt], private)
+        _, cached = tokens_and_cached(llm, [prompt], GREEDY)
+        assert cached == [0]  # the private run saved nothing
+        _, cached = tokens_and_cached(llm, [prompt], private)
+        assert cached == [0]  # and is served nothing (the last run saved it)
+        _, cached = tokens_and_cached(llm, [prompt], GREEDY)
+        assert cached == [16]
+        with pytest.raises(ValidationError, match=SKIP_KEY):
+            tokens_and_cached(llm, [prompt], SamplingParams(extra_args={SKIP_KEY: "yes"}))

@@ -10,7 +10,13 @@ from typing import Any
 import pytest
 from acme_engine_plugins.stats import JsonlRequestLogger
 
-from engine.sdk import FinishedRequestStats, IterationStats, SchedulerStats, StatLoggerContext
+from engine.sdk import (
+    FinishedRequestStats,
+    IterationStats,
+    PrefixCacheStats,
+    SchedulerStats,
+    StatLoggerContext,
+)
 
 
 def make(path: Path | None) -> JsonlRequestLogger:
@@ -28,7 +34,9 @@ def finished(request_id: str, reason: str = "stop") -> IterationStats:
 def test_buffers_in_record_writes_in_log_and_shutdown(tmp_path: Path) -> None:
     path = tmp_path / "requests.jsonl"
     logger = make(path)
-    logger.record(SchedulerStats(kv_cache_usage=0.5), finished("a"))
+    logger.record(SchedulerStats(kv_cache_usage=0.5,
+                                 prefix_cache=PrefixCacheStats(queries=10, hits=4)),
+                  finished("a"))
     logger.record(None, None)  # either argument may be None
     assert not path.exists()  # record() never writes
     logger.log()
@@ -39,6 +47,7 @@ def test_buffers_in_record_writes_in_log_and_shutdown(tmp_path: Path) -> None:
         ("a", "stop", 2), ("b", "length", 2)]
     assert lines[0]["generation_tokens"] == 3 and lines[0]["ttft"] == 0.05
     assert logger.finished == {"stop": 1, "length": 1} and logger.max_kv_cache_usage == 0.5
+    assert (logger.prefix_cache_queries, logger.prefix_cache_hits) == (10, 4)
 
 
 def test_without_a_path_it_writes_nothing(tmp_path: Path) -> None:

@@ -10,6 +10,9 @@ block to its first, so eviction trims chains from their ends and a prefix stays 
 The scheduler side decides everything (what to load, save and evict) and tells the workers
 in each step's metadata, so the worker sides (one per tensor-parallel rank, each holding
 its own heads) mirror it exactly, in any process.
+
+A request with ``extra_args={"acme_lru_skip": True}`` is neither served from the store nor
+saved to it (a prompt that must not be kept, say).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any, cast
 import torch
 from pydantic import Field
 
-from engine.sdk import PluginOptions, RequestStatus
+from engine.sdk import PluginOptions, RequestStatus, SamplingParams, ValidationError
 from engine.sdk.kv_connector import (
     KVConnector,
     KVConnectorContext,
@@ -31,7 +34,16 @@ from engine.sdk.kv_connector import (
     KVConnectorScheduler,
     KVConnectorWorker,
 )
+from engine.sdk.logits_processor import BatchUpdate, LogitsProcessor
 from engine.sdk.scheduler import RequestView, SchedulerOutput
+
+#: ``extra_args`` key: True keeps a request out of the store.
+SKIP_KEY = "acme_lru_skip"
+
+
+def skips_store(params: SamplingParams) -> bool:
+    """Whether the request asked to stay out of the store."""
+    return bool((params.extra_args or {}).get(SKIP_KEY, False))
 
 
 class LRUOptions(PluginOptions):
@@ -77,6 +89,8 @@ class LRUScheduler(KVConnectorScheduler):
 
     def get_num_new_matched_tokens(self, request: RequestView,
                                    num_computed_tokens: int) -> tuple[int, bool]:
+        if skips_store(request.sampling_params):
+            return 0, False
         hits = 0
         for key in block_keys(request.prompt_token_ids, self.ctx.block_size):
             if key not in self.lru:
@@ -86,6 +100,8 @@ class LRUScheduler(KVConnectorScheduler):
 
     def update_state_after_alloc(self, request: RequestView, block_ids: Sequence[int],
                                  num_external_tokens: int) -> None:
+        if skips_store(request.sampling_params):
+            return  # nothing to load (0 tokens taken), nothing to save
         size = self.ctx.block_size
         keys = block_keys(request.prompt_token_ids, size)
         start = request.num_computed_tokens
@@ -206,3 +222,29 @@ class LRUConnector(KVConnector):
     scheduler_cls = LRUScheduler
     worker_cls = LRUWorker
     metadata_cls = LRUMeta
+
+
+class LRUSkipKey(LogitsProcessor):
+    """Claims ``extra_args["acme_lru_skip"]`` for the connector; changes no logits."""
+
+    # WORKAROUND(issue 34): logits-processors.md says a key of extra_args that no loaded
+    # logits processor reads is refused, and that "another kind of plugin that reads a
+    # request's extra_args (a scheduling policy, say) needs them claimed by a processor
+    # too": this processor exists only to claim the connector's key. Replace it with the
+    # connector's own declaration of its keys once the SDK has one.
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        value = (params.extra_args or {}).get(SKIP_KEY)
+        if value is not None and not isinstance(value, bool):
+            raise ValidationError(f"{SKIP_KEY} must be true or false, got {value!r}",
+                                  param=f"extra_args.{SKIP_KEY}")
+
+    def is_argmax_invariant(self) -> bool:
+        return True  # it changes nothing, so its apply is skipped on greedy steps
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        return None
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits

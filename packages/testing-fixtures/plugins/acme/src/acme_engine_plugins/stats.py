@@ -4,7 +4,8 @@
 finished request, ``{"request_id", "finish_reason", "prompt_tokens", "generation_tokens",
 "e2e_latency", "ttft", "queued", "engine"}``. Lines are buffered by ``record`` (which runs
 on the server's event loop and must not block) and written by ``log`` (every few seconds)
-and ``shutdown``. Without a path nothing is written; the totals are kept either way.
+and ``shutdown``. Without a path nothing is written; the totals (requests by finish
+reason, prefix-cache lookups and hits, peak KV-cache usage) are kept either way.
 """
 
 from __future__ import annotations
@@ -32,12 +33,16 @@ class JsonlRequestLogger(StatLogger):
         self.lines: list[str] = []
         self.finished: Counter[str] = Counter()  # finish reason -> requests
         self.max_kv_cache_usage = 0.0
+        self.prefix_cache_queries = 0  # prompt tokens looked up, since start
+        self.prefix_cache_hits = 0  # of those, found cached (or supplied by a KV connector)
 
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
         if scheduler_stats is not None:
             self.max_kv_cache_usage = max(self.max_kv_cache_usage,
                                           scheduler_stats.kv_cache_usage)
+            self.prefix_cache_queries += scheduler_stats.prefix_cache.queries
+            self.prefix_cache_hits += scheduler_stats.prefix_cache.hits
         if iteration_stats is None:
             return
         for done in iteration_stats.finished_requests:
