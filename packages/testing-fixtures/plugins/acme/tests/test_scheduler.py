@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -11,9 +10,8 @@ import pytest
 from acme_engine_plugins.policy import ShortestJobFirst
 from acme_engine_plugins.scheduler import LazyScheduler
 
-from engine.sdk import PluginError, SchedulingPolicyContext
+from engine.sdk import PluginError, SchedulerContext, SchedulingPolicyContext
 from engine.testing.contracts import check_scheduler
-from engine.testing.contracts.schedulers import BASE_CONTEXT
 from engine.testing.engine import assert_kv_pool_full
 
 
@@ -32,7 +30,10 @@ def test_conforms_with_a_policy() -> None:
         return original(running)
 
     sjf.select_preemption_victim = counting
-    check_scheduler(LazyScheduler, context=replace(BASE_CONTEXT, policy=sjf))
+    context = SchedulerContext(plugin_name="acme_lazy", block_size=4, num_kv_blocks=64,
+                               max_num_seqs=16, max_num_batched_tokens=64, max_model_len=64,
+                               policy=sjf)
+    check_scheduler(LazyScheduler, context=context)
     assert calls  # the policy chose the victims
 
 
