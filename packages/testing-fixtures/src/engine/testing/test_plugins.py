@@ -22,6 +22,13 @@ PLUGINS_SOURCE = Path(__file__).resolve().parents[3] / "plugins"
 TEST_PLUGIN_DIRS = ("good", "import-error", "not-subclass", "sdk2", "dup-a", "dup-b",
                     "workers", "io", "kvconn", "quant", "structured")
 
+#: ``acme-engine-plugins``: a third-party package with one plugin per extension point and
+#: its own test suite (``ACME_SOURCE / "tests"``). Not in ``TEST_PLUGIN_DIRS``: its
+#: ``rms_norm`` would replace the op in every other test. Install it with
+#: ``install_test_plugins(target, (ACME_DIR,))``.
+ACME_DIR = "acme"
+ACME_SOURCE = PLUGINS_SOURCE / ACME_DIR
+
 
 def install_test_plugins(target: Path, dirs: tuple[str, ...] = TEST_PLUGIN_DIRS) -> Path:
     """``pip install --target target`` the given test plugin packages; returns ``target``."""

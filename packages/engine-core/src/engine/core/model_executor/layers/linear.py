@@ -195,7 +195,7 @@ class Linear(nn.Module):
         tensor = for_parameter(tensor, param)
         loader = getattr(param, "weight_loader", None)
         if loader is not None:
-            loader(param, tensor) if shard is None else loader(param, tensor, shard)
+            loader(param, tensor, shard)  # engine.sdk.quantization.WeightLoader's form
             return
         output_dim: Any = getattr(param, "output_dim", None)
         sizes = self.shards.output_sizes
