@@ -22,7 +22,7 @@ from engine.core import LLM
 from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.plugins import PluginCatalog
 from engine.core.worker.model_faults import naming_model, watched
-from engine.sdk import ModelContext, PluginError, PluginOptions
+from engine.sdk import ModelContext, PluginError, PluginOptions, UnsupportedError
 from engine.sdk.groups import MODELS
 from engine.testing.test_plugins import entry_installer
 
@@ -123,6 +123,10 @@ def test_what_already_names_its_cause_passes_unchanged() -> None:
     with pytest.raises(PluginError) as info, naming_model(entry, "x"):
         raise kernel_error
     assert info.value is kernel_error
+    no_kernel = UnsupportedError("no linear kernel can run scheme=x", [("cpu", "no")])
+    with pytest.raises(UnsupportedError) as unsupported, naming_model(entry, "x"):
+        raise no_kernel
+    assert unsupported.value is no_kernel
 
     def reader() -> Iterator[tuple[str, torch.Tensor]]:
         yield "a", torch.zeros(1)

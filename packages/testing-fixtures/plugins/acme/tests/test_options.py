@@ -13,12 +13,6 @@ from acme_engine_plugins.qwen3 import Qwen3ForCausalLM
 
 from engine.sdk import PluginError
 
-# WORKAROUND(issue 34): the cases marked KNOWN fail today (a raw pydantic dump instead of
-# the documented message, or an unselected plugin's typo accepted silently). They are
-# xfail(strict=False) so that the suite passes before and after the fix; drop the marks
-# once the engine's options checks are fixed.
-KNOWN = pytest.mark.xfail(reason="issue 34: options errors", strict=False)
-
 CASES = [
     # (plugin, group, engine kwargs, bad key)
     pytest.param("acme_shortest_job", "engine.scheduling_policies",
@@ -27,36 +21,36 @@ CASES = [
     pytest.param("acme_shortest_job", "engine.scheduling_policies",
                  {"scheduling_policy": "acme_shortest_job",
                   "plugin_options": {"acme_shortest_job": {"unbounded_token": 5}}},
-                 "unbounded_token", id="policy-selected", marks=KNOWN),
+                 "unbounded_token", id="policy-selected"),
     pytest.param("acme_classify", "engine.io_processors",
                  {"plugin_options": {"acme_classify": {"max_texts": 0}}}, "max_texts",
                  id="io-unselected"),
     pytest.param("acme_classify", "engine.io_processors",
                  {"io_processor": "acme_classify",
                   "plugin_options": {"acme_classify": {"max_texts": 0}}}, "max_texts",
-                 id="io-selected", marks=KNOWN),
+                 id="io-selected"),
     pytest.param("acme_lru", "engine.kv_connectors",
                  {"plugin_options": {"acme_lru": {"max_blocks": 0}}}, "max_blocks",
                  id="kv-unselected"),
     pytest.param("acme_lru", "engine.kv_connectors",
                  {"kv_connector": "acme_lru", "kv_connector_options": {"max_blocks": 0}},
-                 "max_blocks", id="kv-selected", marks=KNOWN),
+                 "max_blocks", id="kv-selected"),
     pytest.param("acme_regex", "engine.structured_output_backends",
                  {"plugin_options": {"acme_regex": {"max_pattern_lenght": 9}}},
-                 "max_pattern_lenght", id="structured-unselected", marks=KNOWN),
+                 "max_pattern_lenght", id="structured-unselected"),
     pytest.param("acme_regex", "engine.structured_output_backends",
                  {"structured_outputs_backend": "acme_regex",
                   "plugin_options": {"acme_regex": {"max_pattern_length": 0}}},
-                 "max_pattern_length", id="structured-selected", marks=KNOWN),
+                 "max_pattern_length", id="structured-selected"),
     pytest.param("acme_jsonl", "engine.stat_loggers",
                  {"plugin_options": {"acme_jsonl": {"pth": "/tmp/x.jsonl"}}}, "pth",
-                 id="stat-logger", marks=KNOWN),
+                 id="stat-logger"),
     pytest.param("acme_function_tags", "engine.tool_parsers",
                  {"plugin_options": {"acme_function_tags": {"strict": True}}}, "strict",
-                 id="tool-parser-unselected", marks=KNOWN),
+                 id="tool-parser-unselected"),
     pytest.param("acme_no_repeat_ngram", "engine.logits_processors",
                  {"plugin_options": {"acme_no_repeat_ngram": {"max_size": 4}}}, "max_size",
-                 id="logits-processor", marks=KNOWN),
+                 id="logits-processor"),
     pytest.param("acme_sdpa", "engine.attention_backends",
                  {"plugin_options": {"acme_sdpa": {"window": 4}}}, "window",
                  id="attention-unselected"),
@@ -80,7 +74,6 @@ def test_a_bad_option_stops_start_up_saying_what_is_accepted(
     assert "errors.pydantic.dev" not in message, message
 
 
-@KNOWN
 def test_stat_logger_options_are_checked_before_the_model_loads(
     tiny_qwen3: Path, make_llm: Callable[..., Any], spy: Callable[..., Any],
 ) -> None:

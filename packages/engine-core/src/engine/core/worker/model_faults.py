@@ -12,8 +12,10 @@ message, and the exception as ``__cause__``::
         model.load_weights(watched(weights, loader_errors))
 
 What already names its cause passes unchanged: a ``PluginError`` (e.g. one naming a
-linear kernel the model's layers use), and an exception of the engine's weight reader
-(:func:`watched` notes those as they go through the model).
+linear kernel the model's layers use), an ``UnsupportedError`` (the layer factory's "no
+linear kernel / attention backend can run this", which lists every candidate with its
+reason, as the docs of those seams promise), and an exception of the engine's weight
+reader (:func:`watched` notes those as they go through the model).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import TYPE_CHECKING
 from engine.core.model_loader.dummy import DummyWeights
 from engine.core.plugins import PluginEntry
 from engine.core.plugins._loader import plugin_error
-from engine.sdk.errors import PluginError
+from engine.sdk.errors import PluginError, UnsupportedError
 
 if TYPE_CHECKING:
     import torch
@@ -56,7 +58,7 @@ def naming_model(entry: PluginEntry, doing: str) -> Iterator[list[BaseException]
     passing: list[BaseException] = []
     try:
         yield passing
-    except PluginError:
+    except (PluginError, UnsupportedError):
         raise
     except Exception as exc:
         if any(exc is seen for seen in passing):

@@ -26,7 +26,7 @@ from typing import Any, cast
 import torch
 from pydantic import Field
 
-from engine.sdk import PluginOptions, RequestStatus, SamplingParams, ValidationError
+from engine.sdk import PluginOptions, RequestStatus, SamplingParams
 from engine.sdk.kv_connector import (
     KVConnector,
     KVConnectorContext,
@@ -34,15 +34,14 @@ from engine.sdk.kv_connector import (
     KVConnectorScheduler,
     KVConnectorWorker,
 )
-from engine.sdk.logits_processor import BatchUpdate, LogitsProcessor
 from engine.sdk.scheduler import RequestView, SchedulerOutput
 
-#: ``extra_args`` key: True keeps a request out of the store.
+#: ``extra_args`` key: a true value keeps a request out of the store.
 SKIP_KEY = "acme_lru_skip"
 
 
 def skips_store(params: SamplingParams) -> bool:
-    """Whether the request asked to stay out of the store."""
+    """Whether the request asked to stay out of the store (any true value)."""
     return bool((params.extra_args or {}).get(SKIP_KEY, False))
 
 
@@ -218,33 +217,8 @@ class LRUConnector(KVConnector):
     """``--kv-connector acme_lru``, option ``max_blocks`` (default 4096)."""
 
     name = "acme_lru"
+    extra_args_keys = frozenset({SKIP_KEY})  # requests may send extra_args={SKIP_KEY: true}
     Options = LRUOptions
     scheduler_cls = LRUScheduler
     worker_cls = LRUWorker
     metadata_cls = LRUMeta
-
-
-class LRUSkipKey(LogitsProcessor):
-    """Claims ``extra_args["acme_lru_skip"]`` for the connector; changes no logits."""
-
-    # WORKAROUND(issue 34): logits-processors.md says a key of extra_args that no loaded
-    # logits processor reads is refused, and that "another kind of plugin that reads a
-    # request's extra_args (a scheduling policy, say) needs them claimed by a processor
-    # too": this processor exists only to claim the connector's key. Replace it with the
-    # connector's own declaration of its keys once the SDK has one.
-
-    @classmethod
-    def validate_params(cls, params: SamplingParams) -> None:
-        value = (params.extra_args or {}).get(SKIP_KEY)
-        if value is not None and not isinstance(value, bool):
-            raise ValidationError(f"{SKIP_KEY} must be true or false, got {value!r}",
-                                  param=f"extra_args.{SKIP_KEY}")
-
-    def is_argmax_invariant(self) -> bool:
-        return True  # it changes nothing, so its apply is skipped on greedy steps
-
-    def update_state(self, batch_update: BatchUpdate | None) -> None:
-        return None
-
-    def apply(self, logits: torch.Tensor) -> torch.Tensor:
-        return logits

@@ -16,31 +16,11 @@ import torch
 from torch import nn
 
 from engine.sdk import LayerFactory, ModelContext, ModelInterface, ValidationError
+from engine.sdk.layers import rope_settings
 
 #: Checkpoint projections folded into fused layers: (checkpoint name, fused name, shard).
 FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
-
-def rope_settings(cfg: Any) -> dict[str, Any]:
-    """The rope settings dict ``LayerFactory.rotary_embedding`` takes, from a HF config.
-
-    models.md: ``rope_type``, ``rope_theta`` and the type's own keys "as ``rope_scaling``
-    spells them", i.e. ``{"rope_theta": cfg.rope_theta, **cfg.rope_scaling}``.
-    """
-    # WORKAROUND(issue 34): docs/plugins/models.md builds the dict from cfg.rope_theta and
-    # cfg.rope_scaling, but a transformers 5 config has no rope_theta (AttributeError): its
-    # settings are in cfg.rope_parameters. Replace with the SDK's documented helper once
-    # there is one.
-    params = getattr(cfg, "rope_parameters", None)
-    if params:
-        settings = dict(params)
-    else:
-        settings = {"rope_theta": cfg.rope_theta, **(cfg.rope_scaling or {})}
-    if "type" in settings and "rope_type" not in settings:
-        settings["rope_type"] = settings.pop("type")
-    settings.setdefault("rope_type", "default")
-    return settings
 
 
 def _sliding_window(cfg: Any, index: int) -> int | None:

@@ -34,7 +34,8 @@ class JsonlRequestLogger(StatLogger):
         self.finished: Counter[str] = Counter()  # finish reason -> requests
         self.max_kv_cache_usage = 0.0
         self.prefix_cache_queries = 0  # prompt tokens looked up, since start
-        self.prefix_cache_hits = 0  # of those, found cached (or supplied by a KV connector)
+        self.prefix_cache_hits = 0  # of those, found in the engine's own prefix cache
+        self.connector_hits = 0  # prompt tokens a KV connector supplied, since start
 
     def record(self, scheduler_stats: SchedulerStats | None,
                iteration_stats: IterationStats | None) -> None:
@@ -43,6 +44,8 @@ class JsonlRequestLogger(StatLogger):
                                           scheduler_stats.kv_cache_usage)
             self.prefix_cache_queries += scheduler_stats.prefix_cache.queries
             self.prefix_cache_hits += scheduler_stats.prefix_cache.hits
+            if scheduler_stats.connector_prefix_cache is not None:  # a connector is selected
+                self.connector_hits += scheduler_stats.connector_prefix_cache.hits
         if iteration_stats is None:
             return
         for done in iteration_stats.finished_requests:
