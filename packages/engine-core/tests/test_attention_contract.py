@@ -48,6 +48,19 @@ def test_the_built_in_backends_conform_in_bfloat16(backend: Any) -> None:
     assert report.cases == (GQA_WINDOW.name,)
 
 
+def test_a_torch_dtype_is_taken_as_its_name() -> None:
+    by_dtype = check_attention_backend(TorchAttentionBackend, dtype=torch.bfloat16,
+                                       cases=[GQA_WINDOW])
+    assert by_dtype == check_attention_backend(TorchAttentionBackend, dtype="bfloat16",
+                                               cases=[GQA_WINDOW])
+
+
+def test_a_dtype_of_another_kind_is_refused_at_once() -> None:
+    with pytest.raises(TypeError, match=r"dtype must be a dtype name such as 'bfloat16' or "
+                       r"a torch.dtype such as torch.bfloat16, got 16"):
+        check_attention_backend(TorchAttentionBackend, dtype=16)  # type: ignore[arg-type]
+
+
 class _NoWindowBuilder(TorchAttentionMetadataBuilder):
     def build(self, common: CommonAttentionMetadata) -> Any:
         spec = dataclasses.replace(self.ctx.spec, sliding_window=None)

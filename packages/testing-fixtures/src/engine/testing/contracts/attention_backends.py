@@ -220,8 +220,19 @@ def _run_case(backend: type[AttentionBackend], case: AttentionCase, spec: Attent
     return len(schedule), num_rows, max_error
 
 
+def _dtype_name(dtype: str | torch.dtype) -> str:
+    """``dtype`` as the spec spells it: ``torch.bfloat16`` -> ``"bfloat16"``."""
+    if isinstance(dtype, torch.dtype):
+        return str(dtype).removeprefix("torch.")
+    if not isinstance(dtype, str):
+        raise TypeError(f"check_attention_backend: dtype must be a dtype name such as "
+                        f"'bfloat16' or a torch.dtype such as torch.bfloat16, got {dtype!r}")
+    return dtype
+
+
 def check_attention_backend(
-    backend: type[AttentionBackend], *, device: str = "cpu", dtype: str = "float32",
+    backend: type[AttentionBackend], *, device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
     cases: Sequence[AttentionCase] = DEFAULT_ATTENTION_CASES, platform: PlatformInfo | None = None,
     options: Mapping[str, Any] | PluginOptions | None = None, seed: int = 0,
 ) -> AttentionBackendReport:
@@ -237,7 +248,9 @@ def check_attention_backend(
     Args:
         backend: The backend class (what your entry point names).
         device: Where the step's tensors and the KV caches live, e.g. ``"cuda"``.
-        dtype: ``spec.dtype`` and ``spec.kv_cache_dtype`` of every case.
+        dtype: ``spec.dtype`` and ``spec.kv_cache_dtype`` of every case: a name
+            (``"bfloat16"``) or a ``torch.dtype`` (``torch.bfloat16``), which the specs
+            carry by name as the engine's do.
         cases: The geometries (default :data:`DEFAULT_ATTENTION_CASES`).
         platform: ``spec.platform`` (default: a ``PlatformInfo`` of ``device``'s type).
         options: The backend's options (a mapping validated by ``backend.Options``, or an
@@ -250,19 +263,21 @@ def check_attention_backend(
     Raises:
         AssertionError: naming the case, step, layer, request and row that is wrong, or
             the rule the class breaks; also when ``supports`` turns down every case.
+        TypeError: ``dtype`` is neither a name nor a ``torch.dtype``.
     """
+    dtype_name = _dtype_name(dtype)
     _check_classes(backend)
     if platform is None:
         device_type = torch.device(device).type
         platform = PlatformInfo(name=device_type, device_type=device_type,
-                                supported_dtypes=(dtype,))
+                                supported_dtypes=(dtype_name,))
     validated = plugin_options(backend, options)
     run, skipped = [], []
     num_steps = num_rows = 0
     max_error = 0.0
     for case in cases:
         spec = AttentionSpec(num_heads=case.num_heads, num_kv_heads=case.num_kv_heads,
-                             head_size=case.head_size, dtype=dtype, kv_cache_dtype=dtype,
+                             head_size=case.head_size, dtype=dtype_name, kv_cache_dtype=dtype_name,
                              block_size=case.block_size, sliding_window=case.sliding_window,
                              platform=platform)
         answer = backend.supports(spec)
