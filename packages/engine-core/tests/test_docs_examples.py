@@ -105,7 +105,7 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# src/acme_plugins/policy.py": _TESTS + "test_docs_schedulers.py",
         "# src/acme_plugins/reserving.py": _TESTS + "test_docs_schedulers.py",
         "# tests/test_schedulers.py": _TESTS + "test_docs_schedulers.py",
-        "from dataclasses import dataclass, replace": _TESTS + "test_docs_schedulers.py",
+        "# tests/test_policy.py": _TESTS + "test_docs_schedulers.py",
     },
     "stat-loggers.md": {
         "# src/acme_plugins/statsd.py": _TESTS + "test_docs_seams.py",

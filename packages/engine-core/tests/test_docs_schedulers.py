@@ -25,7 +25,7 @@ from engine.testing.test_plugins import entry_installer
 PAGE = "schedulers.md"
 POLICY, SCHEDULER = "# src/acme_plugins/policy.py", "# src/acme_plugins/reserving.py"
 SCHEDULER_TEST = "# tests/test_schedulers.py"
-POLICY_TEST = "from dataclasses import dataclass, replace"
+POLICY_TEST = "# tests/test_policy.py"
 PROMPTS = [list(range(3, 40)), [5, 9, 4, 7] * 3, list(range(100, 110))]
 GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
