@@ -122,7 +122,7 @@ def test_platform_claims_the_host_only_when_enabled(
     with counting() as calls, sdk1_llm(tiny_llama, dtype="auto") as llm:
         setup = llm.llm_engine.setup
         assert setup.platform.name == "sdk1_cpu"
-        assert setup.block_size == 32  # check_and_update_config rounded 16 up
+        assert setup.block_size == 32  # check_and_update_config chose it (no --block-size)
         assert setup.dtype is torch.float32
         assert llm.llm_engine.core.worker.built.backend.name == "sdk1_paged"  # its default
         assert setup.enforce_eager is True  # check_and_update_config set it: applied

@@ -87,7 +87,9 @@ class EngineConfig(BaseModel):
         "lines and ignored (a log line says so)")
     max_model_len: int | None = Field(
         None, ge=1, description="longest sequence (prompt + output); default: the model's")
-    block_size: int = Field(16, ge=1, le=1024, description="tokens per KV-cache block")
+    block_size: int | None = Field(
+        None, ge=1, le=1024, description="tokens per KV-cache block; default: the "
+        "platform's choice, else 16")
     num_kv_blocks: int | None = Field(
         None, ge=1, description="KV-cache blocks to allocate (overrides --kv-cache-memory)")
     kv_cache_memory: float | None = Field(

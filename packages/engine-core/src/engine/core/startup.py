@@ -41,6 +41,8 @@ logger = logging.getLogger("engine")
 
 #: The token budget where neither the operator nor the platform chose one.
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048
+#: Tokens per KV-cache block where neither the operator nor the platform chose a size.
+DEFAULT_BLOCK_SIZE = 16
 
 _TORCH_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
@@ -58,6 +60,9 @@ class EngineSetup:
     dtype: torch.dtype
     max_model_len: int
     attention_backend: str | None
+    #: Tokens per KV-cache block: the platform's ``block_size`` (it starts from
+    #: ``--block-size``, ``None`` when not given), else ``--block-size``, else
+    #: ``DEFAULT_BLOCK_SIZE``.
     block_size: int
     #: ``--worker-extension`` names, then those the platform added.
     worker_extensions: tuple[str, ...] = ()
@@ -186,7 +191,7 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         max_num_batched_tokens=resolve_token_budget(config, platform_config.max_num_batched_tokens,
                                                     platform.name, max_model_len),
         attention_backend=platform_config.attention_backend,
-        block_size=platform_config.block_size or config.block_size,
+        block_size=platform_config.block_size or config.block_size or DEFAULT_BLOCK_SIZE,
         worker_extensions=tuple(dict.fromkeys(platform_config.worker_extensions)),
         custom_ops=custom_ops,
         enforce_eager=config.enforce_eager or bool(platform_config.enforce_eager),

@@ -56,7 +56,8 @@ class PlatformConfig:
 
     Attributes:
         dtype: Model dtype (``"bfloat16"``, ``"float16"``, ``"float32"``).
-        block_size: Tokens per KV-cache block.
+        block_size: Tokens per KV-cache block (``None``: the operator gave no
+            ``--block-size``; the engine's default, 16, applies after the platform).
         attention_backend: Name of the attention backend to use.
         enforce_eager: Disable graph capture.
         custom_ops: ``--custom-ops`` items (``+name``, ``+name=DISTRIBUTION``, ``-name``,
