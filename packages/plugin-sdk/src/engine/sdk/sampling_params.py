@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.sdk.errors import ValidationError
 from engine.sdk.structured_output import StructuredOutputsParams
@@ -57,8 +57,10 @@ class SamplingParams:
         seed: Per-request seed: the same seed gives the same tokens whatever else is in the batch.
         max_tokens: Tokens to generate at most (>= 1); ``None`` means up to the context length.
         min_tokens: EOS and stop token ids are suppressed until this many tokens exist.
-        stop: Strings that end generation; they are not included in the text.
-        stop_token_ids: Token ids that end generation (kept in ``token_ids``).
+        stop: Strings that end generation; they are not included in the text. Given as
+            one string or any sequence of them (a list), kept as a tuple.
+        stop_token_ids: Token ids that end generation (kept in ``token_ids``). Given as any
+            sequence, kept as a tuple.
         ignore_eos: Keep generating past EOS (benchmarks).
         logprobs: Return the log-probabilities of the sampled token and this many top tokens
             at each step (>= 0); ``None`` returns none.
@@ -70,10 +72,14 @@ class SamplingParams:
             validate them in ``validate_params``). Values must be JSON-serialisable.
         structured_outputs: Constrain the output to a JSON schema, a regex, a choice or a
             grammar (:class:`~engine.sdk.structured_output.StructuredOutputsParams`, or a
-            mapping of its fields); ``None`` leaves the output free.
+            mapping of its fields, e.g. ``{"choice": ["yes", "no"]}``, turned into one);
+            ``None`` leaves the output free.
 
     .. versionadded:: 1.0
     .. versionchanged:: 1.1 Added ``structured_outputs``.
+    .. versionchanged:: 1.1 The constructor's types say what it has always accepted:
+       ``stop`` as one string or any sequence, ``stop_token_ids`` as any sequence (both
+       kept as tuples), ``structured_outputs`` as a mapping too. Attributes unchanged.
     """
 
     n: int = 1
@@ -97,6 +103,28 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     extra_args: Mapping[str, Any] | None = field(default=None, compare=True)
     structured_outputs: StructuredOutputsParams | None = None
+
+    if TYPE_CHECKING:  # what the constructor accepts; __post_init__ normalises it
+        def __init__(
+            self, *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+            top_k: int = 0, min_p: float = 0.0, presence_penalty: float = 0.0,
+            frequency_penalty: float = 0.0, repetition_penalty: float = 1.0,
+            seed: int | None = None, max_tokens: int | None = 16, min_tokens: int = 0,
+            stop: str | Sequence[str] = (), stop_token_ids: Sequence[int] = (),
+            ignore_eos: bool = False, logprobs: int | None = None,
+            prompt_logprobs: int | None = None, logit_bias: Mapping[int, float] | None = None,
+            skip_special_tokens: bool = True, include_stop_str_in_output: bool = False,
+            extra_args: Mapping[str, Any] | None = None,
+            structured_outputs: StructuredOutputsParams | Mapping[str, Any] | None = None,
+        ) -> None:
+            """Validate the fields and normalise them (see the class docstring).
+
+            For type checkers only: at run time the dataclass's own ``__init__`` runs,
+            with these parameters and defaults.
+
+            .. versionchanged:: 1.1 Added ``structured_outputs``; ``stop``,
+               ``stop_token_ids`` and ``structured_outputs`` typed as accepted.
+            """
 
     def __post_init__(self) -> None:
         if isinstance(self.structured_outputs, Mapping):

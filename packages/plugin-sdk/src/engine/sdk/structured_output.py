@@ -63,7 +63,8 @@ class StructuredOutputsParams:
             (stored as compact JSON text either way, key order kept).
         json_object: Any JSON object (OpenAI's ``response_format: {"type": "json_object"}``).
         regex: A regular expression the whole output must match.
-        choice: The output is exactly one of these strings.
+        choice: The output is exactly one of these strings: any sequence of them (a list,
+            as JSON gives it), kept as a tuple.
         grammar: A context-free grammar in EBNF (GBNF: ``root ::= ...``).
         disable_any_whitespace: JSON without whitespace between tokens (``json`` and
             ``json_object`` only).
@@ -81,6 +82,17 @@ class StructuredOutputsParams:
     choice: tuple[str, ...] | None = None
     grammar: str | None = None
     disable_any_whitespace: bool = False
+
+    if TYPE_CHECKING:  # what the constructor accepts; __post_init__ normalises it
+        def __init__(self, *, json: str | Mapping[str, Any] | None = None,
+                     json_object: bool = False, regex: str | None = None,
+                     choice: Sequence[str] | None = None, grammar: str | None = None,
+                     disable_any_whitespace: bool = False) -> None:
+            """Validate the fields and normalise them (see the class docstring).
+
+            For type checkers only: at run time the dataclass's own ``__init__`` runs,
+            with these parameters and defaults.
+            """
 
     def __post_init__(self) -> None:
         given = [k for k in _KINDS if (getattr(self, k) not in (None, False))]
