@@ -63,6 +63,8 @@ RUN_BY: dict[str, dict[str, str]] = {
     "endpoints.md": {
         "# src/acme_plugins/readiness.py": "packages/server/tests/test_docs_endpoints.py",
         "# tests/test_readiness.py": "packages/server/tests/test_docs_endpoints.py",
+        "# src/acme_plugins/complete.py": "packages/server/tests/test_docs_endpoints.py",
+        "# tests/test_complete.py": "packages/server/tests/test_docs_endpoints.py",
     },
     "general-plugins.md": {
         "# src/acme_plugins/config.py": _TESTS + "test_docs_examples.py",
