@@ -114,6 +114,12 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# tests/test_statsd.py": _TESTS + "test_docs_seams.py",
         "# offline_stats.py": _TESTS + "test_docs_seams.py",
     },
+    "testing.md": {
+        "# src/acme_plugins/oldest_first.py": "packages/server/tests/test_docs_testing.py",
+        "# tests/test_oldest_first.py": "packages/server/tests/test_docs_testing.py",
+        "# tests/test_oldest_first_engine.py": "packages/server/tests/test_docs_testing.py",
+        "# tests/test_oldest_first_server.py": "packages/server/tests/test_docs_testing.py",
+    },
     "versioning.md": {"import warnings": "tests/tooling/test_docs_versioning.py"},
     "worker-extensions.md": {
         "# src/acme_plugins/diagnostics.py": _TESTS + "test_docs_worker_extensions.py",
