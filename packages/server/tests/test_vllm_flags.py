@@ -209,7 +209,7 @@ def test_help_prints_each_default_once() -> None:
             checked += 1
     assert checked > 40
     help_text = build_parser()._subparsers._group_actions[0].choices["serve"].format_help()
-    assert "(default: 16)" in help_text and "(default: None)" not in help_text
+    assert "(default: 256)" in help_text and "(default: None)" not in help_text  # --max-num-seqs
 
 
 def test_uvicorn_log_level_sets_uvicorns_loggers() -> None:
