@@ -179,9 +179,7 @@ def unused_reason(setup: EngineSetup, entry: PluginEntry) -> str | None:
         how = "--attention-backend" if setup.attention_backend else "the platform's choice"
         return f"this engine uses attention backend {chosen!r} ({how})"
     if group == MODELS:
-        architectures = list(getattr(setup.hf_config, "architectures", None) or [])
-        models = setup.catalog.names(MODELS)
-        chosen = next((arch for arch in architectures if arch in models), None)
+        chosen = None if setup.model is None else setup.model.architecture
         if chosen is None or chosen == name:
             return None
         return f"the checkpoint's architecture is served by {chosen!r}"

@@ -26,7 +26,7 @@ from engine.core.model_loader import (
     load_generation_defaults,
     resolve_model,
 )
-from engine.core.model_selection import architectures_of, choose_model
+from engine.core.model_selection import ModelChoice, architectures_of, choose_model
 from engine.core.platforms import select_platform
 from engine.core.plugin_options import check_option_targets, check_plugin_options
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest, set_catalog
@@ -66,6 +66,9 @@ class EngineSetup:
     block_size: int
     #: ``--worker-extension`` names, then those the platform added.
     worker_extensions: tuple[str, ...] = ()
+    #: The model class that serves the checkpoint (``--model-impl``); None only in a
+    #: setup built by hand.
+    model: ModelChoice | None = None
     #: The platform's ``custom_ops`` items, then ``--custom-ops`` (which wins).
     custom_ops: CustomOpSettings = field(default_factory=CustomOpSettings)
     #: ``--enforce-eager`` or the platform's ``enforce_eager`` (either one disables graphs).
@@ -193,7 +196,7 @@ def prepare(config: EngineConfig, *, process: str = "frontend") -> EngineSetup:
         attention_backend=platform_config.attention_backend,
         block_size=platform_config.block_size or config.block_size or DEFAULT_BLOCK_SIZE,
         worker_extensions=tuple(dict.fromkeys(platform_config.worker_extensions)),
-        custom_ops=custom_ops,
+        model=model, custom_ops=custom_ops,
         enforce_eager=config.enforce_eager or bool(platform_config.enforce_eager),
         quantization=quantization,
         generation_defaults=load_generation_defaults(source, config.generation_config),

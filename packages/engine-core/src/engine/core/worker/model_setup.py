@@ -20,7 +20,7 @@ from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
-from engine.core.model_selection import AUTO, ModelChoice, architectures_of, choose_model
+from engine.core.model_selection import ModelChoice, architectures_of, choose_model
 from engine.core.plugin_faults import guard_forward
 from engine.core.plugin_options import validated_options
 from engine.core.plugins import PluginCatalog
@@ -44,21 +44,6 @@ class BuiltModel:
     model: nn.Module
     factory: LayerFactory
     backend: type[AttentionBackend]
-
-
-def resolve_model_class(catalog: PluginCatalog, hf_config: Any, model_impl: str = AUTO
-                        ) -> tuple[ModelChoice, type[nn.Module]]:
-    """The checkpoint's model: which ``engine.models`` entry serves it, and its class.
-
-    See ``engine.core.model_selection`` (``--model-impl``).
-
-    Raises:
-        PluginError: no architecture of the checkpoint has a model, listing what exists, or
-            two model plugins serve it under ``auto``; or the class does not load.
-    """
-    choice = choose_model(catalog, architectures_of(hf_config), model_impl)
-    cls: type[nn.Module] = catalog.load_resolved(choice.entry)
-    return choice, cls
 
 
 def resolve_attention_backend(
@@ -180,7 +165,8 @@ def build_model(
     device: torch.device, linear_kernel: str | None = None, disabled_kernels: Sequence[str] = (),
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
     tp: TensorParallelGroup = SINGLE, custom_ops: CustomOpSettings | None = None,
-    quant_config: QuantizationConfig | None = None, model_impl: str = AUTO,
+    quant_config: QuantizationConfig | None = None,
+    model_choice: ModelChoice | None = None,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
@@ -188,11 +174,13 @@ def build_model(
     backend through their ``Options`` models. With ``tp`` of several ranks the model holds
     rank ``tp.rank``'s shard; ``weights`` are the full checkpoint tensors (the layers'
     loaders narrow them). ``quant_config`` (``EngineSetup.quant_config``) gives every
-    linear layer and the embedding its quantize method. ``model_impl`` (``--model-impl``)
-    picks among several models for the checkpoint's architecture.
+    linear layer and the embedding its quantize method. ``model_choice`` is the model the
+    front end chose (``EngineSetup.model``; default: ``choose_model`` with ``--model-impl
+    auto``).
     """
     options = plugin_options or {}
-    choice, model_cls = resolve_model_class(catalog, hf_config, model_impl)
+    choice = model_choice or choose_model(catalog, architectures_of(hf_config))
+    model_cls: type[nn.Module] = catalog.load_resolved(choice.entry)
     spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
     backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     backend_name = attention_backend or platform.default_attention_backend(spec)

@@ -95,7 +95,7 @@ class Worker:
             device=self.device, linear_kernel=config.linear_kernel,
             disabled_kernels=config.disabled_kernels, plugin_options=config.plugin_options,
             tp=self.tp, custom_ops=setup.custom_ops, quant_config=setup.quant_config,
-            model_impl=config.model_impl,
+            model_choice=setup.model,
         )
         layers = self.built.factory.attention_layers
         self._block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size,

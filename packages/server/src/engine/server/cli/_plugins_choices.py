@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.core.model_selection import choose_model
 from engine.core.plugins import PluginCatalog
 from engine.sdk.errors import PluginError, ValidationError
-from engine.sdk.groups import MODELS
+from engine.sdk.groups import CUSTOM_OPS, MODELS
 
 if TYPE_CHECKING:
     from engine.core.custom_op_selection import CustomOpChoice
@@ -51,8 +51,6 @@ def plan_ops(catalog: PluginCatalog, items: str) -> OpPlan | None:
 
 def mark_op_rows(rows: list[dict[str, Any]], plan: OpPlan) -> None:
     """Add ``used`` / ``used_reason`` to the ``engine.custom_ops`` rows (``--json``)."""
-    from engine.sdk.groups import CUSTOM_OPS
-
     by_name = {c.name: c for c in plan.choices}
     for row in rows:
         if row["group"] != CUSTOM_OPS:
