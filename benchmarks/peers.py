@@ -69,10 +69,11 @@ def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
 
 
 def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: str = "auto",
-                   **options: Any) -> float:
+                   starts: list[float] | None = None, **options: Any) -> float:
     """Generated tokens per second of ``LLM.generate`` on the workload.
 
-    ``model`` None is the built-in default model; ``options`` go to ``LLM``.
+    ``model`` None is the built-in default model; ``options`` go to ``LLM``. ``starts``
+    gets the seconds ``LLM()`` took to be ready.
     """
     sys.path.insert(0, str(PEERS_DIR))
     from bench_common import make_prompts  # type: ignore[import-not-found]
@@ -82,8 +83,11 @@ def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: s
     prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN, vocab)]
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, min_tokens=OUTPUT_LEN,
                             ignore_eos=True)
+    start = time.perf_counter()
     with LLM(None if model is None else str(model), dtype=dtype, max_model_len=2048,
              max_num_seqs=256, num_threads=threads, **options) as llm:
+        if starts is not None:
+            starts.append(time.perf_counter() - start)
         llm.generate(prompts[:2], SamplingParams(temperature=0, max_tokens=4), use_tqdm=False)
         start = time.perf_counter()
         outputs = llm.generate(prompts, params, use_tqdm=False)

@@ -17,13 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from engine.core.native import library, native_kernels
+from engine.core import machine
+from engine.core.native import native_kernels
 
 TESTS = Path(__file__).parent
 MODULES = ["test_attention_backends_cpu.py", "test_builtin_ops_cpu.py",
            "test_gguf_dequant_native.py", "test_linear_kernels.py", "test_packed_matmul.py",
            "test_quantization_gguf.py", "test_step_graph.py"]
-FLAGS = set(library._cpu_flags().split())
+FLAGS = set(machine.cpu_flags().split())
 # What the AVX2 build must report, checked before its tests run: float32 only (its small
 # and packed products; float32 weights of bfloat16 values packed as bfloat16), torch's int4
 # tiles of 32 rows.

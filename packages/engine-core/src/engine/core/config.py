@@ -12,6 +12,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from engine.core.kernel_choice import KernelSelection
 from engine.core.plugins._local import plugin_reference
 from engine.core.vllm_options import (
     DTYPE_ALIASES,
@@ -122,6 +123,11 @@ class EngineConfig(BaseModel):
     linear_kernel: str | None = Field(
         None, description="force this linear kernel (engine.linear_kernels name) for every "
         "layer; default: the highest-priority kernel that can run each layer")
+    kernel_selection: KernelSelection = Field(
+        "measured", description="how the linear kernel of each layer is chosen among those "
+        "that can run it: measured (timed on this machine at the step sizes the engine runs, "
+        "the decision kept in the cache directory for later starts; on the CPU, for "
+        "unquantized layers) or priority (the highest-priority kernel)")
     disabled_kernels: tuple[str, ...] = Field(
         (), description="linear kernels never to use (names, comma-separated on the CLI)")
     logits_processors: tuple[str, ...] = Field(

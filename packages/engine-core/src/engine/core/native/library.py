@@ -34,6 +34,8 @@ from typing import ClassVar, Protocol
 
 import torch
 
+from engine.core.machine import cache_dir, cpu_flags
+
 # Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
 # freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
 SOURCES = {
@@ -87,14 +89,6 @@ class NativeKernelsUnavailable(RuntimeError):
     """The kernels cannot be built or loaded here; the message says why."""
 
 
-def cache_dir() -> Path:
-    root = os.environ.get("ENGINE_CACHE_DIR")
-    if root:
-        return Path(root)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "engine"
-
-
 def target_arch() -> str:
     """The ``-march`` the kernels are built for: ``$ENGINE_CPU_KERNELS_MARCH``, else ``native``.
 
@@ -110,16 +104,6 @@ def find_compiler() -> str | None:
         if name and shutil.which(name):
             return shutil.which(name)
     return None
-
-
-def _cpu_flags() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
-    except OSError:
-        pass
-    return ""
 
 
 def _build(compiler: str, target: Path) -> None:
@@ -154,7 +138,7 @@ def load() -> NativeKernels:
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
     key = hashlib.sha256("\0".join(
         [*(source.read_text() for source in (*SOURCES, *HEADERS)), compiler, version,
-         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), target_arch(), _cpu_flags()]).encode())
+         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), target_arch(), cpu_flags()]).encode())
     target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
     if not target.exists():
         try:

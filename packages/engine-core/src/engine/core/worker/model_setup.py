@@ -18,6 +18,8 @@ from torch import nn
 
 from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
+from engine.core.kernel_choice import KernelSelection
+from engine.core.kernel_choice.selection import make_selector
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
 from engine.core.model_selection import ModelChoice, architectures_of, choose_model
@@ -35,6 +37,9 @@ from engine.sdk.model import ModelContext
 from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.platform import Platform, PlatformInfo
 from engine.sdk.quantization import QuantizationConfig
+
+#: The token budget measured for when none is given (the CPU platform's).
+DEFAULT_STEP_TOKENS = 512
 
 
 @dataclass(frozen=True)
@@ -81,51 +86,64 @@ def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None
 
 
 def _linear_kernels(catalog: PluginCatalog, forced: str | None
-                    ) -> tuple[list[type[LinearKernel]], dict[str, PluginError], str | None]:
-    """The candidate classes, the names two third parties provide, and the forced name.
+                    ) -> tuple[list[type[LinearKernel]], dict[str, PluginError], str | None,
+                               dict[str, str]]:
+    """The candidates, the names two third parties provide, the forced name, the providers.
 
     A name two third parties provide is an error only when the selection lands on it, so
     one of them stands in for it meanwhile. ``forced`` given as ``module:Class`` replaces
-    the candidate of the same name (the engine's own one that a plugin shadows, say).
+    the candidate of the same name (the engine's own one that a plugin shadows, say). The
+    providers: per kernel name, its distribution and version.
     """
     kernels: list[type[LinearKernel]] = []
     ambiguous: dict[str, PluginError] = {}
+    providers: dict[str, str] = {}
     for name in catalog.names(LINEAR_KERNELS):
         third_party = [e for e in catalog.candidates(LINEAR_KERNELS, name)
                        if not e.is_first_party]
         if len(third_party) > 1:
             ambiguous[name] = ambiguity_error(third_party, catalog.allowlist.source)
-            kernels.append(catalog.load_resolved(third_party[0]))
+            entry = third_party[0]
         else:
-            kernels.append(catalog.load(LINEAR_KERNELS, name))
+            entry = catalog.resolve(LINEAR_KERNELS, name)
+        kernels.append(catalog.load_resolved(entry))
+        providers[name] = entry.provider
     if forced is not None and ":" in forced:
         chosen: type[LinearKernel] = catalog.load(LINEAR_KERNELS, forced)
         forced = chosen.name or forced
         ambiguous.pop(forced, None)
         kernels = [k for k in kernels if k.name != forced] + [chosen]
-    return kernels, ambiguous, forced
+    return kernels, ambiguous, forced, providers
 
 
 def make_linear_kernel_selector(
     catalog: PluginCatalog, platform: type[Platform], *, forced: str | None,
-    disabled: Sequence[str],
+    disabled: Sequence[str], selection: KernelSelection = "priority",
+    step_tokens: int = DEFAULT_STEP_TOKENS,
 ) -> Callable[[LinearKernelConfig], type[LinearKernel]]:
     """The per-layer linear kernel chooser over every allowed ``engine.linear_kernels`` entry.
+
+    ``selection`` (``--kernel-selection``): ``priority`` takes the first kernel in priority
+    order that can run a layer; ``measured`` times the ones that can on this machine
+    (``engine.core.kernel_choice``) for steps of up to ``step_tokens`` tokens.
 
     Raises:
         ValidationError: ``forced`` or a ``disabled`` name is not an installed kernel.
         PluginError: ``forced`` (a name) is provided by two third parties.
     """
-    kernels, ambiguous, forced = _linear_kernels(catalog, forced)
+    kernels, ambiguous, forced, providers = _linear_kernels(catalog, forced)
     if forced in ambiguous:
         raise ambiguous[forced]
     info = platform.info()
+    measured = make_selector(selection, kernels, info, forced=forced, disabled=disabled,
+                             step_tokens=step_tokens, versions=providers)
 
     def selector(config: LinearKernelConfig) -> type[LinearKernel]:
-        kernel = select_linear_kernel(kernels, info, config, forced=forced,
-                                      disabled=tuple(disabled))
-        if kernel.name in ambiguous:  # the selection landed on a name two plugins provide
-            raise ambiguous[kernel.name]
+        kernel = measured(config) if measured is not None else select_linear_kernel(
+            kernels, info, config, forced=forced, disabled=tuple(disabled))
+        for name in getattr(kernel, "classes", {kernel.name: kernel}):
+            if name in ambiguous:  # the selection landed on a name two plugins provide
+                raise ambiguous[name]
         return kernel
 
     probe = LinearKernelConfig(scheme="unquantized", weight_dtype="float32",
@@ -166,7 +184,8 @@ def build_model(
     plugin_options: Mapping[str, Mapping[str, Any]] | None = None,
     tp: TensorParallelGroup = SINGLE, custom_ops: CustomOpSettings | None = None,
     quant_config: QuantizationConfig | None = None,
-    model_choice: ModelChoice | None = None,
+    model_choice: ModelChoice | None = None, kernel_selection: KernelSelection = "priority",
+    step_tokens: int = DEFAULT_STEP_TOKENS,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
@@ -176,7 +195,7 @@ def build_model(
     loaders narrow them). ``quant_config`` (``EngineSetup.quant_config``) gives every
     linear layer and the embedding its quantize method. ``model_choice`` is the model the
     front end chose (``EngineSetup.model``; default: ``choose_model`` with ``--model-impl
-    auto``).
+    auto``). ``kernel_selection`` and ``step_tokens``: see ``make_linear_kernel_selector``.
     """
     options = plugin_options or {}
     choice = model_choice or choose_model(catalog, architectures_of(hf_config))
@@ -192,7 +211,8 @@ def build_model(
                                       platform.info()),
         dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
-            catalog, platform, forced=linear_kernel, disabled=disabled_kernels),
+            catalog, platform, forced=linear_kernel, disabled=disabled_kernels,
+            selection=kernel_selection, step_tokens=step_tokens),
         tp=tp, quant_config=quant_config,
     )
     arch = choice.architecture

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 
 from engine.core import __version__
 from engine.sdk._version import __version__ as sdk_version
-from engine.server.cli import _generate, _plugins, _serve
+from engine.server.cli import _generate, _kernels, _plugins, _serve
 from engine.server.cli._config_file import ConfigFileError, expand_config_file, normalize_flag
 from engine.server.cli._help import HelpFormatter
 from engine.server.cli._logging_args import LOG_LEVELS
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     commands.required = True
     _plugins.add_parser(commands)
+    _kernels.add_parser(commands)
     _generate.add_parser(commands)
     _serve.add_parser(commands)
     return parser

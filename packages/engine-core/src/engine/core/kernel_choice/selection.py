@@ -1,0 +1,181 @@
+"""``--kernel-selection measured``: the linear kernel of each layer shape, measured.
+
+Where more than one installed kernel can run an unquantized layer on the CPU, the
+selector times them (``timing``) on the layer's shape at each row bucket of the step's
+token budget and gives the layer the plan's kernel (``plan``), or a ``RowDispatchKernel``
+where buckets chose different ones. The decision is kept on disk (``store``) and read
+back by later starts; one INFO line per layer shape says what was chosen, with the times.
+``--linear-kernel`` and ``--disabled-kernels`` apply first, as with ``priority``.
+
+Measured only what the engine can make weights for without the layer's quantization
+method: unquantized layers, of ``MIN_MEASURED_WEIGHTS`` elements or more. A quantized
+scheme or a tiny layer keeps the priority order.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from engine.core.kernel_choice import KernelSelection, store
+from engine.core.kernel_choice.buckets import row_buckets
+from engine.core.kernel_choice.plan import KernelPlan, choose
+from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
+from engine.core.kernel_choice.timing import time_kernels
+from engine.core.machine import cpu_flags, cpu_model
+from engine.sdk.errors import UnsupportedError
+from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
+from engine.sdk.platform import PlatformInfo
+
+logger = logging.getLogger(__name__)
+
+#: A choice whose leading kernels' rounds differ more (second best over best) is used
+#: but not kept on disk.
+STEADY_SPREAD = 1.5
+#: Weights of fewer elements are not measured: their product takes microseconds whichever
+#: kernel runs it, less than the timings' noise (test models; priority decides).
+MIN_MEASURED_WEIGHTS = 1 << 18
+#: The only scheme measured (see the module docstring).
+MEASURED_SCHEME = "unquantized"
+
+
+def label(kernel: type[LinearKernel]) -> str:
+    return kernel.name or f"{kernel.__module__}:{kernel.__qualname__}"
+
+
+@functools.cache
+def _source_digest(path: str | None) -> str:
+    if path is None:
+        return ""
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:16]
+    except OSError:
+        return ""
+
+
+def _identity(kernel: type[LinearKernel], version: str) -> list[str]:
+    """What a kernel's timings depend on: its name, class, distribution, source."""
+    try:
+        source = inspect.getsourcefile(kernel)
+    except TypeError:
+        source = None
+    return [label(kernel), f"{kernel.__module__}:{kernel.__qualname__}", version,
+            _source_digest(source)]
+
+
+def eligible_kernels(kernels: Sequence[type[LinearKernel]], info: PlatformInfo,
+                     config: LinearKernelConfig, disabled: Sequence[str]
+                     ) -> list[type[LinearKernel]]:
+    """Every kernel that can run ``config`` here, in priority order.
+
+    Raises:
+        UnsupportedError: none can (every kernel with its reason).
+    """
+    found: list[type[LinearKernel]] = []
+    skip = list(disabled)
+    while True:
+        try:
+            kernel = select_linear_kernel(kernels, info, config, disabled=tuple(skip))
+        except UnsupportedError:
+            if found:
+                return found
+            raise
+        found.append(kernel)
+        skip.append(label(kernel))
+
+
+class MeasuredSelector:
+    """The ``measured`` linear-kernel selector (one per model built)."""
+
+    def __init__(self, kernels: Sequence[type[LinearKernel]], info: PlatformInfo, *,
+                 disabled: Sequence[str], step_tokens: int,
+                 versions: Mapping[str, str]) -> None:
+        self.kernels = list(kernels)
+        self.info = info
+        self.disabled = tuple(disabled)
+        self.buckets = row_buckets(step_tokens)
+        #: Per kernel name, its distribution and version, for the key and for messages.
+        self.versions = dict(versions)
+        self._chosen: dict[LinearKernelConfig, type[LinearKernel]] = {}
+
+    def __call__(self, config: LinearKernelConfig) -> type[LinearKernel]:
+        if config not in self._chosen:
+            self._chosen[config] = self._select(config)
+        return self._chosen[config]
+
+    def _select(self, config: LinearKernelConfig) -> type[LinearKernel]:
+        eligible = eligible_kernels(self.kernels, self.info, config, self.disabled)
+        if len(eligible) < 2 or config.scheme != MEASURED_SCHEME or (
+                self.info.device_type != "cpu") or (
+                config.input_size * config.output_size < MIN_MEASURED_WEIGHTS):
+            return eligible[0]
+        classes = {label(k): k for k in eligible}
+        plan = self._plan(config, eligible)
+        if plan is None:
+            return eligible[0]
+        if len(plan.names) == 1:
+            return classes[plan.names[0]]
+        return RowDispatchKernel.of(plan, classes)
+
+    def key(self, config: LinearKernelConfig,
+            eligible: Sequence[type[LinearKernel]]) -> dict[str, Any]:
+        """What a decision for ``config`` depends on (see ``store``)."""
+        return {"device": self.info.name, "cpu": cpu_model(),
+                "cpu_flags": hashlib.sha256(cpu_flags().encode()).hexdigest()[:16],
+                "torch": torch.__version__, "threads": torch.get_num_threads(),
+                "kernels": [_identity(k, self.versions.get(label(k), "")) for k in eligible],
+                "config": asdict(config),
+                "buckets": [[b.lower, b.upper, b.rows] for b in self.buckets]}
+
+    def _plan(self, config: LinearKernelConfig,
+              eligible: Sequence[type[LinearKernel]]) -> KernelPlan | None:
+        parts = self.key(config, eligible)
+        found = store.load(parts)
+        if found is not None:
+            logger.info("linear kernel for %s: %s (measured %s, kept in %s)",
+                        config.describe(), found.plan.describe(), found.measured_at,
+                        found.path)
+            return found.plan
+        start = time.perf_counter()
+        timings, failed = time_kernels(eligible, config, self.buckets)
+        for name, reason in failed.items():
+            logger.warning("linear kernel %s%s left out of the measured choice for %s: %s",
+                           name, self._provider(name), config.describe(), reason)
+        if not timings:
+            return None
+        plan = choose(timings, self.buckets, [label(k) for k in eligible], failed)
+        took = time.perf_counter() - start
+        if not plan.steady(STEADY_SPREAD):
+            logger.info("linear kernel for %s: %s (measured in %.2f s; not kept: its rounds "
+                        "differed by more than %d%%, the machine is busy, so the next start "
+                        "measures again)", config.describe(), plan.describe(), took,
+                        round((STEADY_SPREAD - 1) * 100))
+            return plan
+        saved = store.save(parts, plan)
+        logger.info("linear kernel for %s: %s (measured in %.2f s%s)", config.describe(),
+                    plan.describe(), took, f", kept in {saved.path}" if saved else "")
+        return plan
+
+    def _provider(self, name: str) -> str:
+        version = self.versions.get(name)
+        return f" ({version})" if version else ""
+
+
+def make_selector(kind: KernelSelection, kernels: Sequence[type[LinearKernel]],
+                  info: PlatformInfo, *, forced: str | None, disabled: Sequence[str],
+                  step_tokens: int, versions: Mapping[str, str]
+                  ) -> Callable[[LinearKernelConfig], type[LinearKernel]] | None:
+    """The measured selector, or None where priority decides (forced, or ``priority``)."""
+    if kind == "priority" or forced is not None:
+        return None
+    return MeasuredSelector(kernels, info, disabled=disabled, step_tokens=step_tokens,
+                            versions=versions)
