@@ -17,7 +17,6 @@ from engine.core.kernel_choice import store
 from engine.server.cli._help import HelpFormatter
 from engine.server.cli._logging_args import add_log_level
 
-
 DESCRIPTION = (
     "With --kernel-selection measured (the default), an engine times the linear kernels "
     "that can run each layer shape on this machine and keeps each decision in the cache "
