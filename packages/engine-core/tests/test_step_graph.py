@@ -129,8 +129,12 @@ def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
 
 @pytest.mark.parametrize(("options", "reason"), [
     ({"enforce_eager": True}, "(--enforce-eager)"),
-    ({"attention_backend": "torch"}, "the attention backend is 'torch', not 'cpu'"),
-    ({"linear_kernel": "onednn"}, "its product is OneDNNLinearKernel, not the cpu linear"),
+    ({"attention_backend": "torch"}, "layers.0.self_attn.attn (attention implementation "
+     "engine.core.attention.torch_backend.TorchAttentionImpl): SDPA over gathered blocks is "
+     "torch compute"),
+    ({"linear_kernel": "onednn"}, "layers.0.self_attn.qkv_proj (linear kernel 'onednn' "
+     "(engine.core.model_executor.linear_kernels.OneDNNLinearKernel)): oneDNN's product is "
+     "not a native kernel"),
 ])
 def test_what_cannot_be_a_graph_runs_eagerly_and_says_why(
         tiny_llama: Path, eager: list[Any], caplog: pytest.LogCaptureFixture,

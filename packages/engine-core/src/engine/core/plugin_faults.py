@@ -126,6 +126,10 @@ class ForwardAttribution:
             tb = tb.tb_next
         return found
 
+    def plugin_of_class(self, cls: type) -> PluginEntry | None:
+        """The entry whose module (or a submodule's package) defines ``cls``."""
+        return self._entry_of(cls.__module__)
+
     def error(self, exc: BaseException) -> PluginError | None:
         """The ``PluginError`` for ``exc``, or None when no plugin raised it."""
         entry = self.plugin_of(exc)
