@@ -50,16 +50,17 @@ def declares(obj: object) -> bool:
 
 
 def held_components(obj: object) -> list[object]:
-    """The SDK components in ``obj``'s attributes, and theirs, depth first, each once."""
+    """The SDK components ``obj`` holds (attributes, lists), and theirs; depth first, once."""
     found: list[object] = []
     seen = {id(obj)}
 
     def visit(holder: object) -> None:
         for value in getattr(holder, "__dict__", {}).values():
-            if isinstance(value, HELD_COMPONENTS) and id(value) not in seen:
-                seen.add(id(value))
-                found.append(value)
-                visit(value)
+            for item in value if isinstance(value, (list, tuple)) else (value,):
+                if isinstance(item, HELD_COMPONENTS) and id(item) not in seen:
+                    seen.add(id(item))
+                    found.append(item)
+                    visit(item)
 
     visit(obj)
     return found

@@ -78,8 +78,9 @@ def _capture_support(op: CustomOp, ctx: CaptureContext, cpu: Callable[..., Any],
     if ctx.kind is GraphKind.CUDA_GRAPHS and chosen is CustomOp.forward_cuda and (
             cls.forward_native is contract.forward_native):
         return Support.yes()
-    return Support.no(f"{cls.__qualname__} runs code of its own here, which must declare "
-                      f"capture support itself")
+    return Support.no(f"it runs {op.method_for(op.dispatch_key)}, not the contract's "
+                      f"reference {contract.__qualname__}.forward_native (a class that "
+                      f"overrides it declares for itself)")
 
 
 class RMSNorm(RMSNormOp):
