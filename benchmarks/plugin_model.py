@@ -25,6 +25,7 @@ from pathlib import Path
 
 from throughput import DTYPES, random_prompts, run_engine
 
+
 def build_qwen3(path: Path) -> Path:
     """A random Qwen3 checkpoint with the benchmark Llama's sizes (head_dim 768 / 12)."""
     from engine.testing.models import BENCH_LLAMA_100M, build_tiny_checkpoint
