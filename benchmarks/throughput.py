@@ -39,16 +39,14 @@ def random_prompts(num: int, length: int, vocab: int, seed: int) -> list[list[in
     return torch.randint(3, vocab, (num, length), generator=gen).tolist()
 
 
-def run_engine(model: str | None, prompts: list[list[int]], args: argparse.Namespace,
-               **options: Any) -> float:
-    """Generated tokens per second; ``options`` go to ``LLM`` (``enforce_eager=True``, ...)."""
+def run_engine(model: str | None, prompts: list[list[int]], args: argparse.Namespace) -> float:
     from engine.core import LLM, SamplingParams
 
     llm = LLM(model, dtype=args.dtype, max_model_len=args.input_len + args.output_len + 16,
               max_num_seqs=max(len(prompts), 1), num_threads=args.threads,
               tensor_parallel_size=args.tensor_parallel_size,
               distributed_executor_backend=args.distributed_executor_backend,
-              in_process=args.in_process or args.profile, **options)
+              in_process=args.in_process or args.profile)
     params = SamplingParams(temperature=0, max_tokens=args.output_len, ignore_eos=True)
     llm.generate([{"prompt_token_ids": p} for p in prompts[:4]],
                  SamplingParams(temperature=0, max_tokens=4, ignore_eos=True), use_tqdm=False)

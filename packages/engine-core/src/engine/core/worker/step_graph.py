@@ -204,7 +204,8 @@ def _record(components: PassComponents, kernels: NativeKernels,
     Returns why ``compute_logits`` was left out (None: it is the second stage), and the
     recordings.
     """
-    compute_logits: Callable[[torch.Tensor], torch.Tensor] = components.model.compute_logits
+    model: Any = components.model
+    compute_logits: Callable[[torch.Tensor], torch.Tensor] = model.compute_logits
 
     def head(hidden: torch.Tensor) -> torch.Tensor:
         try:
