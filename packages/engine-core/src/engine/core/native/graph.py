@@ -27,7 +27,8 @@ What makes a recording sound:
   rows to float32 (``compute_logits``' ``.float()``): the stage's output is then the rows
   before it, and the caller converts them.
 * Python side effects of the forward pass are not replayed: the caller must allow only
-  modules it knows have none (``engine.core.worker.step_graph`` does).
+  modules that say they have none (``engine.core.worker.step_graph`` asks every component
+  of the pass: ``engine.core.worker.capture_components``).
 """
 
 from __future__ import annotations
