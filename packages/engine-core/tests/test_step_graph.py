@@ -129,9 +129,8 @@ def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
 
 @pytest.mark.parametrize(("options", "reason"), [
     ({"enforce_eager": True}, "(--enforce-eager)"),
-    ({"attention_backend": "torch"}, "layers.0.self_attn.attn (attention implementation "
-     "engine.core.attention.torch_backend.TorchAttentionImpl): SDPA over gathered blocks is "
-     "torch compute"),
+    ({"attention_backend": "torch"}, "the attention metadata builder engine.core.attention."
+     "torch_backend.TorchAttentionMetadataBuilder is not the cpu backend's"),
     ({"linear_kernel": "onednn"}, "layers.0.self_attn.qkv_proj (linear kernel 'onednn' "
      "(engine.core.model_executor.linear_kernels.OneDNNLinearKernel)): oneDNN's product is "
      "not a native kernel"),

@@ -16,8 +16,10 @@ they run native kernels: the built-in Llama family, ``rms_norm``/``rotary_embedd
 (AVX-512: oneDNN takes 4+ rows on other CPUs, which a graph cannot call), the ``cpu``
 attention backend, the embedding. A plugin's component is recorded where it declares too
 (a subclass inherits its base's answer). What the engine checks whatever they answer:
-one rank, no KV connector, no module hooks; ``engine.core.native.graph`` refuses any torch
-op that computes outside the native kernels, naming it and the module it ran in.
+one rank, no KV connector, no module hooks, the ``cpu`` backend's metadata builder (the
+graph's static inputs hold its metadata: a backend reusing that builder may be recorded);
+``engine.core.native.graph`` refuses any torch op that computes outside the native
+kernels, naming it and the module it ran in.
 
 Anything refused (a component that does not declare, GGUF weights kept quantized, a torch
 op a graph cannot record) leaves the model eager, with one INFO line saying why; requests
@@ -42,7 +44,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.core.attention.cpu_backend import CpuAttentionMetadata
+from engine.core.attention.cpu_backend import (
+    CpuAttentionMetadata,
+    CpuAttentionMetadataBuilder,
+)
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.library import NativeKernels
 from engine.core.plugin_faults import ForwardAttribution
@@ -163,6 +168,11 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     rows = min(max_tokens, MAX_GRAPH_TOKENS)
     if rows < 2:
         raise NotCapturable(f"steps of {rows} token are too small to be worth a graph")
+    if not isinstance(builder, CpuAttentionMetadataBuilder):
+        kind = type(builder)
+        raise NotCapturable(f"the attention metadata builder {kind.__module__}."
+                            f"{kind.__qualname__} is not the cpu backend's, whose metadata "
+                            f"the graph's static inputs hold")
     components = PassComponents(model, CaptureContext(
         kind=GraphKind.CPU_STEP_GRAPH, platform=platform, max_tokens=rows), attribution)
     why = components.model_refusal()
