@@ -111,6 +111,28 @@ def test_silu_and_mul_matches_the_reference(dtype: torch.dtype, shape: tuple[int
         torch.testing.assert_close(got, want, rtol=4 * _ulp(dtype), atol=1e-30)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_rms_norm_of_per_head_rows_runs_the_kernel(dtype: torch.dtype) -> None:
+    """``[tokens, heads, head_size]`` (Qwen3's q/k norms) is ``[tokens * heads, head_size]``
+    rows for the kernel; heads that are not evenly spaced get the reference."""
+    gen = torch.Generator().manual_seed(3)
+    fast, ref = (RMSNorm(32, 1e-6, dtype=dtype, dispatch_key=key) for key in ("cpu", "native"))
+    weight = torch.randn(32, generator=gen).to(dtype)
+    fast.weight.copy_(weight)
+    ref.weight.copy_(weight)
+    qkv = (torch.randn(5, 4 * 32 + 64, generator=gen) * 3).to(dtype)
+    heads = qkv[:, :128].reshape(5, 4, 32).contiguous()
+    expected = ref(heads.clone())
+    got = fast(heads)
+    assert got.data_ptr() == heads.data_ptr() and got.shape == (5, 4, 32)  # in place
+    scale = expected.float().abs().clamp_min(1.0)
+    assert ((got.float() - expected.float()).abs() <= 2 * _ulp(dtype) * scale).all()
+    strided = qkv[:, :128].reshape(5, 4, 32)  # rows 192 apart, heads 32: no single stride
+    kept = strided.clone()
+    assert torch.equal(fast(strided), ref(kept.clone()))  # the reference, not in place
+    assert torch.equal(strided, kept)
+
+
 def test_calls_the_kernels_do_not_take_run_the_reference(monkeypatch) -> None:
     x = torch.randn(4, 64, dtype=torch.float16)
     op = RMSNorm(64, dtype=torch.float16, dispatch_key="cpu")

@@ -26,6 +26,7 @@ from engine.core.worker.cuda_graphs import (
     capture_sizes,
 )
 from engine.sdk.attention import CudaGraphSupport
+from engine.sdk.model import ModelInterface
 
 PROMPTS = [[5 + i for i in range(n)] for n in (3, 40, 17, 90, 1)]
 
@@ -78,6 +79,33 @@ def test_a_backend_without_graph_support_is_refused() -> None:
         capture_cuda_graphs(torch.nn.Identity(), None,  # type: ignore[arg-type]
                             CudaGraphSupport.NEVER, sizes=[1], max_blocks=1,
                             max_model_len=16, block_size=16, device=torch.device("cpu"))
+
+
+def test_a_model_that_does_not_declare_is_refused_naming_it() -> None:
+    class Undeclared(torch.nn.Identity, ModelInterface):
+        def forward(self, *args: Any) -> Any: ...
+
+        def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor: ...
+
+        def load_weights(self, weights: Any) -> set[str]: ...
+
+    with pytest.raises(NotCapturable, match=r"the model .*Undeclared does not declare that "
+                                            r"CUDA graphs can record it"):
+        capture_cuda_graphs(Undeclared(), None,  # type: ignore[arg-type]
+                            CudaGraphSupport.UNIFORM_BATCH, sizes=[1], max_blocks=1,
+                            max_model_len=16, block_size=16, device=torch.device("cpu"))
+
+
+def test_every_component_of_the_pass_is_asked_before_a_capture(tiny_llama: Path) -> None:
+    """On the CPU: the engine's CPU ops say they run their CPU kernels, not CUDA work."""
+    with make_llm(tiny_llama, max_num_seqs=4) as llm:
+        runner = llm.llm_engine.core.worker.model_runner
+        with pytest.raises(NotCapturable, match=r"layers.0.input_layernorm \(custom op "
+                                                r"'rms_norm' .*\): it runs forward_cpu"):
+            capture_cuda_graphs(runner.model, runner.builder,
+                                CudaGraphSupport.UNIFORM_BATCH, sizes=[1, 2],
+                                max_blocks=runner.input_batch.block_table.shape[1],
+                                max_model_len=256, block_size=16, device=torch.device("cpu"))
 
 
 def test_decode_steps_replay_padded_graphs_with_the_eager_tokens(tiny_llama: Path) -> None:

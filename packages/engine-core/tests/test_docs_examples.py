@@ -59,6 +59,7 @@ RUN_BY: dict[str, dict[str, str]] = {
         "import torch": _TESTS + "test_docs_seams.py",
         "# src/my_plugin/avx512_ops.py": _TESTS + "test_docs_seams.py",
         "# Offline, the same items as a list.": _TESTS + "test_docs_seams.py",
+        "# src/my_plugin/cuda_ops.py": _TESTS + "test_docs_seams.py",
     },
     "endpoints.md": {
         "# src/acme_plugins/readiness.py": "packages/server/tests/test_docs_endpoints.py",
@@ -82,7 +83,8 @@ RUN_BY: dict[str, dict[str, str]] = {
             _TESTS + "test_docs_kv_connectors.py",
         "# tests/test_prefix_store_engine.py": _TESTS + "test_docs_kv_connectors.py",
     },
-    "linear-kernels.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py"},
+    "linear-kernels.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py",
+                          "# src/my_plugin/composed.py": _TESTS + "test_docs_kernels.py"},
     "logits-processors.md": {
         "# my_plugins/processors.py": _TESTS + "test_docs_logits_processors.py",
         "class NoRepeatPerRequest(PerRequestLogitsProcessor):":

@@ -26,9 +26,10 @@ import torch
 from safetensors.torch import load_file
 
 from engine.core import LLM
-from engine.sdk import SamplingParams, UnsupportedError
+from engine.sdk import SamplingParams, Support, UnsupportedError
 from engine.sdk.attention import AttentionSpec, select_backend
 from engine.sdk.groups import LINEAR_KERNELS, QUANTIZATION
+from engine.sdk.linear_kernel import LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.testing.docs import code_block, exec_block, page_package
 from engine.testing.engine import assert_kv_pool_full
@@ -40,6 +41,8 @@ MODULES = {
     "linear-kernels.md": ("from __future__ import annotations", "kernels"),
     "quantization.md": ("from __future__ import annotations", "quant"),
 }
+#: linear-kernels.md's kernel composing the engine's ``cpu`` kernel (my_plugin.composed).
+COMPOSED = "# src/my_plugin/composed.py"
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPTS = [list(range(3, 30)), [7, 7, 8, 9], list(range(200, 205)) * 3]
 #: Checkpoint modules the quantized checkpoint keeps in float (its modules_to_not_convert).
@@ -50,6 +53,7 @@ SKIP = "mlp.down_proj"
 def my_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     modules = {module: code_block(page, first_line)
                for page, (first_line, module) in MODULES.items()}
+    modules["composed"] = code_block("linear-kernels.md", COMPOSED)
     with page_package(tmp_path_factory.mktemp("docs"), "my_plugin", modules) as root:
         yield root
 
@@ -204,3 +208,33 @@ def test_the_int8_methods_settings_are_checked(my_plugin: Path) -> None:
     with pytest.raises(ValidationError, match="modules_to_not_convert must be a list"):
         Int8Config.from_config({"modules_to_not_convert": SKIP})
     assert not Int8Config.is_supported(PlatformInfo("npu", "npu"))
+
+
+def test_the_kernel_composing_the_cpu_kernel_is_recorded_by_the_step_graph(
+        my_plugin: Path, install: Callable[[str, str, type], None], tiny_llama: Path) -> None:
+    """linear-kernels.md, "Graph capture": the step graph replays the composed kernel, and
+    the page's torch_int8 says no to it (the model stays eager, naming the kernel)."""
+    from my_plugin.composed import ClippedCpuKernel
+    from my_plugin.kernels import TorchInt8Kernel
+
+    from engine.core.native import native_kernels
+    from engine.sdk.capture import CaptureContext, GraphKind
+
+    kernels = native_kernels()
+    if kernels is None or torch.float32 not in kernels.packed_matmul_dtypes:
+        pytest.skip("the cpu kernel packs float32 weights on AVX-512 CPUs only")
+    install(LINEAR_KERNELS, "clipped_cpu", ClippedCpuKernel)
+    tokens = {}
+    for eager in (True, False):
+        with tiny(tiny_llama, linear_kernel="clipped_cpu", enforce_eager=eager) as llm:
+            runner = llm.llm_engine.core.worker.model_runner
+            kernel = runner.model.layers[0].mlp.down_proj.quant_method.kernel
+            assert isinstance(kernel, ClippedCpuKernel)
+            assert (runner.step_graph is None) == eager
+            tokens[eager] = greedy(llm)
+    assert tokens[True] == tokens[False]
+    config = LinearKernelConfig("int8_w8a8", "int8", "float32", 8, 8)
+    answer = TorchInt8Kernel(config).capture_support(
+        CaptureContext(kind=GraphKind.CPU_STEP_GRAPH))
+    assert answer == Support.no("F.linear is torch compute")
+    assert TorchInt8Kernel(config).capture_support(CaptureContext(kind=GraphKind.CUDA_GRAPHS))

@@ -4,11 +4,13 @@ The page's module (``# src/acme_plugins/gpt2.py``) is written to a temporary
 ``acme_plugins`` package and installed as the ``engine.models`` entry the page registers
 (``GPT2LMHeadModel``); the page's test then runs as written, with ``engine.core.LLM``
 running in this process (where the entry is installed). The model builds every layer
-through ``ctx.layers``, the SDK's ``LayerFactory``.
+through ``ctx.layers``, the SDK's ``LayerFactory``; its ``capture_support`` keeps the CPU
+step graph off with the INFO line the page shows.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +23,13 @@ from engine.core.plugins import PluginEntry, _catalog
 from engine.core.plugins._local import plugin_reference
 from engine.sdk import ModelContext, ValidationError
 from engine.sdk.groups import MODELS
-from engine.testing.docs import code_block, exec_block, page_package, run_page_tests
+from engine.testing.docs import (
+    code_block,
+    code_blocks,
+    exec_block,
+    page_package,
+    run_page_tests,
+)
 
 PAGE = "models.md"
 MODULE, TEST = "# src/acme_plugins/gpt2.py", "# tests/test_gpt2.py"
@@ -61,13 +69,18 @@ def in_process_llm(monkeypatch: pytest.MonkeyPatch) -> list[LLM]:
 
 
 def test_the_pages_test_passes(installed: type, in_process_llm: list[LLM],
-                               tmp_path: Path) -> None:
-    assert run_page_tests(code_block(PAGE, TEST), "test_gpt2.py", tmp_path=tmp_path) == [
-        "test_greedy_tokens_equal_transformers"]
+                               tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="engine.core.worker.step_graph"):
+        assert run_page_tests(code_block(PAGE, TEST), "test_gpt2.py",
+                              tmp_path=tmp_path) == ["test_greedy_tokens_equal_transformers"]
     [llm] = in_process_llm
     model = llm.llm_engine.core.worker.built.model
     assert type(model) is installed  # the plugin served, not a built-in architecture
     assert type(model.h[0].attn.c_attn).__name__ == "Linear"  # built by ctx.layers
+    # Its capture_support says no to the CPU step graph: the line the page shows.
+    [line] = [r.message for r in caplog.records if "CPU step graph" in r.message]
+    [shown] = [b.strip() for b in code_blocks(PAGE, "text") if b.startswith("CPU step graph")]
+    assert line == shown
 
 
 def test_it_refuses_a_context_without_a_layer_factory(installed: type,

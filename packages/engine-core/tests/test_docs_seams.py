@@ -33,7 +33,8 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
 #: The first line of every python block each page has, and so the tests below run.
 BLOCKS = {
     "custom-ops.md": ["from __future__ import annotations", "import torch",
-                      "# src/my_plugin/avx512_ops.py", "# Offline, the same items as a list."],
+                      "# src/my_plugin/avx512_ops.py", "# Offline, the same items as a list.",
+                      "# src/my_plugin/cuda_ops.py"],
     "stat-loggers.md": ["# src/acme_plugins/statsd.py", "# tests/test_statsd.py",
                         "# offline_stats.py"],
     "platforms.md": ["# src/acme_plugins/platform.py", "# tests/test_platform.py"],
@@ -180,3 +181,15 @@ def test_platform_page_test(acme: Path, tmp_path: Path) -> None:
 
 def test_torch_is_what_the_pages_assume() -> None:
     assert torch.get_default_dtype() == torch.float32  # the check block compares in fp32
+
+
+def test_the_custom_op_capture_example_runs() -> None:
+    """custom-ops.md, "Graph capture": its asserts hold (a CUDA path declares, a CPU one not)."""
+    from engine.testing.docs import exec_block
+
+    namespace = exec_block(block("custom-ops.md", "# src/my_plugin/cuda_ops.py"),
+                           filename="cuda_ops.py")
+    from engine.sdk.capture import CaptureContext, GraphKind
+
+    op = namespace["FusedSiluAndMul"](dispatch_key="cuda")
+    assert not op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH))

@@ -228,7 +228,7 @@ class Large(_Recording):
 
 
 def test_a_layer_whose_buckets_chose_two_kernels_runs_each_step_on_its_rows_kernel():
-    plan = KernelPlan(row_buckets(64), ("small", "small", "large", "large"))
+    plan = KernelPlan(row_buckets(512), ("small", "small", "large", "large"))
     cls = RowDispatchKernel.of(plan, {"small": Small, "large": Large, "other": FastPlugin})
     assert cls.name == "small+large" and set(cls.classes) == {"small", "large"}
     kernel = cls(CONFIG)
@@ -262,3 +262,32 @@ def test_the_engine_measures_each_layer_shape_once_and_generates_the_same_tokens
     tokens = [llm.generate(prompt, params, use_tqdm=False)[0].outputs[0].token_ids
               for llm in (measured, priority)]
     assert tokens[0] == tokens[1]
+
+
+class Clips(_Linear):
+    """Changes the weight's values in place: it cannot share a layer either."""
+
+    name = "clips"
+
+    def process_weights_after_loading(self, layer):
+        with torch.no_grad():
+            layer.weight.clamp_(-0.01, 0.01)
+
+
+def test_a_kernel_changing_the_weight_in_place_does_not_share_a_layer():
+    timings, failed = time_kernels([Clips, TorchLinearKernel], CONFIG, row_buckets(1))
+    assert not failed
+    assert {t.name: t.keeps_layer for t in timings} == {"clips": False, "torch": True}
+
+
+def test_a_layer_run_by_two_kernels_is_not_recorded_by_a_graph_replaying_both_sizes():
+    from engine.sdk.capture import CaptureContext, GraphKind
+
+    plan = KernelPlan(row_buckets(512), ("small", "small", "large", "large"))
+    kernel = RowDispatchKernel.of(plan, {"small": Small, "large": Large})(CONFIG)
+    answer = kernel.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH,
+                                                   max_tokens=512))
+    assert not answer.ok and "small for 1 row; small for 2-4 rows; large for 5-64 rows" in (
+        answer.reason)
+    small_steps = CaptureContext(kind=GraphKind.CPU_STEP_GRAPH, max_tokens=4)
+    assert kernel.capture_support(small_steps) == Small(CONFIG).capture_support(small_steps)

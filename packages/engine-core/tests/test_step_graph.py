@@ -129,8 +129,11 @@ def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
 
 @pytest.mark.parametrize(("options", "reason"), [
     ({"enforce_eager": True}, "(--enforce-eager)"),
-    ({"attention_backend": "torch"}, "the attention backend is 'torch', not 'cpu'"),
-    ({"linear_kernel": "onednn"}, "its product is OneDNNLinearKernel, not the cpu linear"),
+    ({"attention_backend": "torch"}, "the attention metadata builder engine.core.attention."
+     "torch_backend.TorchAttentionMetadataBuilder is not the cpu backend's"),
+    ({"linear_kernel": "onednn"}, "layers.0.self_attn.qkv_proj (linear kernel 'onednn' "
+     "(engine.core.model_executor.linear_kernels.OneDNNLinearKernel)): oneDNN's product is "
+     "not a native kernel"),
 ])
 def test_what_cannot_be_a_graph_runs_eagerly_and_says_why(
         tiny_llama: Path, eager: list[Any], caplog: pytest.LogCaptureFixture,
@@ -246,6 +249,41 @@ def test_replay_computes_what_the_kernels_compute_for_any_row_count() -> None:
         assert torch.equal(graph.run(rows), forward(rows))
     with pytest.raises(ValueError, match="recorded for up to 16 tokens cannot run 17"):
         graph.run(17)
+
+
+def test_an_argument_that_is_a_multiple_of_the_token_count_replays_for_any_count() -> None:
+    """Per-head norms: ``[rows, heads * d]`` normalised as ``[rows * heads, d]`` rows."""
+    assert NATIVE is not None
+    heads, d = 3, 8
+    source = torch.randn(16, heads * d)
+    weight = torch.rand(d) + 0.5
+
+    def forward(rows: int) -> torch.Tensor:
+        x = source[:rows].clone()
+        NATIVE.rms_norm(x.view(rows * heads, d), None, weight, 1e-6)
+        return x
+
+    graph = KernelGraph.from_recordings(
+        NATIVE, [record(NATIVE, forward, n, _known(source, weight)) for n in (16, 2, 3)])
+    for rows in (1, 5, 16):
+        assert torch.equal(graph.run(rows), forward(rows))
+
+
+def test_a_stage_may_end_in_a_float32_conversion_which_the_caller_makes() -> None:
+    """``compute_logits``' ``.float()``: the stage's output is the rows before it."""
+    assert NATIVE is not None
+    source = torch.randn(8, 4).bfloat16()
+
+    def forward(rows: int) -> torch.Tensor:
+        return source[:rows].clone()
+
+    graph = KernelGraph.from_recordings(NATIVE, [
+        record(NATIVE, forward, n, _known(source), then=lambda h: h.float()) for n in (8, 2)])
+    out = graph.run(5, stages=2)
+    assert out.dtype == torch.bfloat16 and torch.equal(out, source[:5])
+    with pytest.raises(NotCapturable, match=r"converts \(8, 4\) torch.bfloat16 to "
+                                            r"torch.float16"):
+        record(NATIVE, forward, 8, _known(source), then=lambda h: h.half())
 
 
 def test_buffers_alive_at_once_never_share_the_arena() -> None:

@@ -107,10 +107,12 @@ class ForwardAttribution:
     def __init__(self, catalog: PluginCatalog) -> None:
         self._by_module: dict[str, PluginEntry] = {}
         self._by_package: dict[str, PluginEntry] = {}  # top-level package -> first entry
+        self._by_value: dict[str, PluginEntry] = {}  # "module:Class" -> its entry
         for group in FORWARD_GROUPS:
             for entry in catalog.allowed(group):
                 if not entry.is_builtin:
                     module = entry.value.partition(":")[0]
+                    self._by_value.setdefault(entry.value, entry)
                     self._by_module.setdefault(module, entry)
                     self._by_package.setdefault(module.partition(".")[0], entry)
 
@@ -125,6 +127,19 @@ class ForwardAttribution:
             found = entry or found
             tb = tb.tb_next
         return found
+
+    def plugin_of_class(self, cls: type) -> PluginEntry | None:
+        """The entry of ``cls`` itself, else the first of the module (or a parent) defining it.
+
+        Only a module's own entries: a class of the PEP 420 namespace the engine's
+        distributions share (``engine.*``) is not attributed by its top-level package.
+        """
+        entry = self._by_value.get(f"{cls.__module__}:{cls.__qualname__}")
+        name = cls.__module__
+        while entry is None and name:
+            entry = self._by_module.get(name)
+            name = name.rpartition(".")[0]
+        return entry
 
     def error(self, exc: BaseException) -> PluginError | None:
         """The ``PluginError`` for ``exc``, or None when no plugin raised it."""

@@ -16,6 +16,7 @@ from engine.sdk.attention import (
     CommonAttentionMetadata,
     CudaGraphSupport,
 )
+from engine.sdk.capture import Capturable, CaptureContext, GraphKind
 from engine.sdk.context import PluginContext
 from engine.sdk.endpoint import EndpointPlugin
 from engine.sdk.errors import (
@@ -200,4 +201,8 @@ __all__ = [
     "LinearLayer",
     "EmbeddingLayer",
     "AttentionLayer",
+    # graph capture
+    "Capturable",
+    "CaptureContext",
+    "GraphKind",
 ]

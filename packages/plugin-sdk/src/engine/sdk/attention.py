@@ -38,6 +38,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
+from engine.sdk.capture import CaptureContext, GraphKind, not_declared
 from engine.sdk.context import PluginContext
 from engine.sdk.errors import UnsupportedError
 from engine.sdk.plugin import Plugin, PluginOptions
@@ -320,6 +321,30 @@ class AttentionImpl(ABC, Generic[MetadataT]):
         null block) and leave ``output``'s padding rows with any value.
         """
         raise NotImplementedError
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Whether a graph of ``ctx.kind`` can record this layer's ``forward``.
+
+        Called: in the worker, once per attention layer each time the engine records the
+        forward pass (:mod:`engine.sdk.capture`).
+
+        * ``GraphKind.CUDA_GRAPHS``: the backend's :attr:`AttentionBackend.cudagraph_support`
+          is its declaration (since 1.0; the engine checks it first); the default says
+          yes to defer to it. Override to refuse per layer.
+        * ``GraphKind.CPU_STEP_GRAPH``: only the engine's native kernel calls can be
+          replayed (see :class:`~engine.sdk.capture.GraphKind`): a backend computing in
+          torch or a library of its own answers no (the default).
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        Must: not raise.
+
+        .. versionadded:: 1.1
+        """
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return not_declared(f"attention implementation {type(self).__qualname__}", ctx)
 
 
 class AttentionBackend(Plugin, ABC):

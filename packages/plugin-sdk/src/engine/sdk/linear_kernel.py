@@ -29,6 +29,7 @@ from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
+from engine.sdk.capture import CaptureContext, not_declared
 from engine.sdk.errors import UnsupportedError, ValidationError
 from engine.sdk.plugin import Plugin
 from engine.sdk.support import Support
@@ -195,6 +196,36 @@ class LinearKernel(Plugin, ABC):
         Must: not modify ``x`` or the layer's parameters.
         """
         raise NotImplementedError
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Whether a graph of ``ctx.kind`` can record this instance's ``apply``.
+
+        Called: in the worker, once per linear layer each time the engine records the
+        forward pass (:mod:`engine.sdk.capture`), after ``process_weights_after_loading``.
+
+        Answer for this instance: a kernel whose recordable path needs state it may not
+        have (a packed weight, a dtype) says no where it lacks it.
+
+        * ``GraphKind.CUDA_GRAPHS``: yes when ``apply`` launches CUDA work only (no host
+          synchronisation, no allocation whose size depends on tensor values, nothing
+          else a replay would skip).
+        * ``GraphKind.CPU_STEP_GRAPH``: the graph replays the engine's native kernel
+          calls only, so a kernel that computes in torch (``F.linear``, ``torch.mm``) or
+          in a library of its own cannot be recorded. A kernel can be when ``apply``
+          only makes views and copies around a call of a kernel that can: compose a
+          first-party kernel (hold an instance, call its ``apply``, answer with its
+          ``capture_support``), or subclass one and keep its ``apply``.
+
+        Default: no (the pass runs eagerly, with this kernel named in the log).
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        Must: not raise.
+
+        .. versionadded:: 1.1
+        """
+        return not_declared(f"linear kernel {_label(type(self))!r}", ctx)
 
 
 def _label(cls: type[LinearKernel]) -> str:

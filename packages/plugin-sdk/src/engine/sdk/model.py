@@ -19,8 +19,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.sdk.capture import CaptureContext, not_declared
 from engine.sdk.context import PluginContext
 from engine.sdk.plugin import Plugin
+from engine.sdk.support import Support
 
 if TYPE_CHECKING:
     import torch
@@ -88,3 +90,27 @@ class ModelInterface(Plugin, ABC):
     @abstractmethod
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load checkpoint tensors (name in the checkpoint's naming). Returns the names used."""
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Whether a graph of ``ctx.kind`` can record this model's forward pass.
+
+        Called: in the worker, before the engine records the pass (see
+        :mod:`engine.sdk.capture`); the layers built by ``ctx.layers`` (linear layers,
+        attention, custom ops, the embedding) are asked on their own.
+
+        The model answers for its own module tree: ``forward``, ``compute_logits``, and
+        every module of the pass that has no ``capture_support`` of its own (the decoder
+        layers, blocks and plain ``torch.nn`` modules the model built itself). Say yes when
+        none of them has an effect a replay would skip (counting, logging, caching or
+        branching on tensor values from the host). A subclass inherits the answer.
+
+        Default: no (the model runs eagerly, with that reason logged).
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        Must: not raise.
+
+        .. versionadded:: 1.1
+        """
+        return not_declared(f"the model {type(self).__qualname__}", ctx)

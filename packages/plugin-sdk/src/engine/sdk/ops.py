@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, overload
 import torch
 import torch.nn.functional as F
 
+from engine.sdk.capture import CaptureContext, not_declared
 from engine.sdk.plugin import Plugin
 from engine.sdk.support import Support
 
@@ -135,6 +136,31 @@ class CustomOp(Plugin, torch.nn.Module, ABC):
             return Support.yes()
         return Support.no(f"it has no {platform.device_type} path of its own ({method} "
                           f"and forward_native are {contract.__qualname__}'s reference)")
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Whether a graph of ``ctx.kind`` can record this instance's forward.
+
+        Called: in the worker, once per op instance the forward pass calls, each time the
+        engine records the pass (:mod:`engine.sdk.capture`).
+
+        Answer for the implementation this instance was built to run (the method
+        :meth:`method_for` its ``dispatch_key`` selects). ``GraphKind.CPU_STEP_GRAPH``
+        replays only the engine's native kernel calls, so an op computing in torch or a
+        library of its own answers no there; ``GraphKind.CUDA_GRAPHS`` takes any CUDA work
+        that does not synchronise with the host.
+
+        Default: no (the pass runs eagerly, with this op named in the log). A subclass
+        inherits its base's answer: one that overrides the forward method its base's
+        answer is about should answer again.
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        Must: not raise.
+
+        .. versionadded:: 1.1
+        """
+        return not_declared(f"custom op {self.name!r} ({type(self).__qualname__})", ctx)
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
         """Run the implementation chosen at construction (see the subclass's contract)."""

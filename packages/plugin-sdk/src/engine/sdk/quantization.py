@@ -52,6 +52,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
+from engine.sdk.capture import CaptureContext, not_declared
 from engine.sdk.errors import UnsupportedError
 from engine.sdk.plugin import Plugin
 from engine.sdk.support import Support
@@ -241,6 +242,29 @@ class QuantizeMethod(ABC):
         Must: not modify ``x`` or the parameters.
         """
         raise NotImplementedError
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Whether a graph of ``ctx.kind`` can record this method's ``apply``.
+
+        Called: in the worker, once per layer the method serves, each time the engine
+        records the forward pass (:mod:`engine.sdk.capture`).
+
+        Answer for the method's own code in ``apply``: the engine also asks every
+        :class:`~engine.sdk.linear_kernel.LinearKernel` the method holds as an attribute
+        (``self.kernel = info.linear_kernel_selector(config)(config)``), so a method whose
+        ``apply`` only calls its kernel answers yes. A method that reaches its kernel
+        another way answers with the kernel's ``capture_support`` too.
+
+        Default: no (the pass runs eagerly, with this method named in the log).
+
+        Returns:
+            ``Support.yes()``, or ``Support.no(reason)``.
+
+        Must: not raise.
+
+        .. versionadded:: 1.1
+        """
+        return not_declared(f"quantization method {type(self).__qualname__}", ctx)
 
 
 class QuantizationConfig(Plugin, ABC):

@@ -26,10 +26,12 @@ TINY_LLAMA = {
 
 def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
                           **overrides: Any) -> Path:
-    """Write a random checkpoint of ``kind`` (``llama``, ``qwen2``, ``mistral``) to ``path``.
+    """Write a random checkpoint of ``kind`` to ``path``.
 
-    ``qwen2`` has q/k/v bias and tied embeddings; ``llama`` uses llama3 rope scaling.
-    Returns ``path`` (config.json + model.safetensors + a byte-level tokenizer).
+    Kinds: ``llama`` (llama3 rope scaling), ``qwen2`` (q/k/v bias, tied embeddings),
+    ``mistral``, ``qwen3`` (per-head q/k norms with random weights, ``head_dim`` 32: not
+    ``hidden_size / num_attention_heads``). Returns ``path`` (config.json +
+    model.safetensors + a byte-level tokenizer).
     """
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig, MistralConfig, Qwen2Config
@@ -44,14 +46,22 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
         config = Qwen2Config(**params, tie_word_embeddings=True, **overrides)
     elif kind == "mistral":
         config = MistralConfig(**params, sliding_window=None, **overrides)
+    elif kind == "qwen3":
+        from transformers import Qwen3Config
+
+        config = Qwen3Config(**{**params, "head_dim": 32, "tie_word_embeddings": False,
+                                **overrides})
     else:
-        raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2 or mistral")
+        raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral or "
+                         f"qwen3")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
-        for param in model.parameters():
+        for name, param in model.named_parameters():
             if param.dim() > 1:
                 param.normal_(0.0, 0.08)
+            elif kind == "qwen3" and name.endswith("_norm.weight"):
+                param.uniform_(0.5, 1.5)  # the per-head norms matter
     model.save_pretrained(path, safe_serialization=True)
     _write_tokenizer(path, config.vocab_size)
     return path

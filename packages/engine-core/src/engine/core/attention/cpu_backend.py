@@ -33,6 +33,7 @@ from engine.sdk.attention import (
     CommonAttentionMetadata,
     CudaGraphSupport,
 )
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.support import Support
 
 SUPPORTED_DTYPES = ("float32", "bfloat16")
@@ -93,6 +94,12 @@ class CpuAttentionImpl(AttentionImpl[CpuAttentionMetadata]):
             scale if scale is not None else query.shape[-1] ** -0.5,
             self.params.spec.sliding_window)
         return output
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """The CPU step graph: ``forward`` is two native kernel calls."""
+        if ctx.kind is GraphKind.CPU_STEP_GRAPH:
+            return Support.yes()
+        return Support.no(f"it runs on the CPU only, not in {ctx.kind.value}")
 
 
 class CpuAttentionBackend(AttentionBackend):

@@ -29,6 +29,7 @@ from engine.sdk.attention import (
     CommonAttentionMetadata,
     CudaGraphSupport,
 )
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.support import Support
 
 SUPPORTED_DTYPES = ("float32", "bfloat16", "float16")
@@ -105,6 +106,13 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             out = out.reshape(n * q_len, -1)
             flat_out.index_copy_(0, group.out_rows, out.index_select(0, group.out_positions))
         return output
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """CUDA graphs: the backend's ``cudagraph_support`` answers; never the CPU step graph."""
+        if ctx.kind is GraphKind.CPU_STEP_GRAPH:
+            return Support.no("SDPA over gathered blocks is torch compute, which the CPU step "
+                              "graph cannot replay (the cpu backend can be recorded)")
+        return super().capture_support(ctx)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor,

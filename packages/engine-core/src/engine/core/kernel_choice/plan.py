@@ -38,6 +38,11 @@ class KernelPlan:
     def kernel_for(self, rows: int) -> str:
         return self.kernels[bucket_index(upper_bounds(self.buckets), rows)]
 
+    def describe_buckets(self) -> list[str]:
+        """``["cpu for 1 row", "onednn for 2+ rows"]``: each bucket's kernel, no times."""
+        return [f"{name} for {bucket.describe()}"
+                for bucket, name in zip(self.buckets, self.kernels, strict=True)]
+
     def describe(self) -> str:
         """One clause per bucket: ``onednn for 2-4 rows (21.0 µs; cpu 30.1, torch 40.2)``."""
         clauses = []

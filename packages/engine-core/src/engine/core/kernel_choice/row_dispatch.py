@@ -14,6 +14,7 @@ import torch
 
 from engine.core.kernel_choice.buckets import bucket_index, upper_bounds
 from engine.core.kernel_choice.plan import KernelPlan
+from engine.sdk.capture import CaptureContext
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -52,6 +53,22 @@ class RowDispatchKernel(LinearKernel):
     def kernel_for(self, rows: int) -> LinearKernel:
         """The kernel that multiplies ``rows`` rows."""
         return self._by_bucket[bucket_index(self._uppers, rows)]
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """The kernel's answer where one kernel serves every step a graph replays.
+
+        A graph replays one set of calls for every step size up to ``ctx.max_tokens``, so
+        a layer whose steps of that many rows go to different kernels stays eager.
+        """
+        used = dict.fromkeys(
+            name for bucket, name in zip(self.plan.buckets, self.plan.kernels, strict=True)
+            if bucket.lower <= max(ctx.max_tokens, 1))
+        if len(used) > 1:
+            return Support.no(
+                f"its steps go to different linear kernels by row count ("
+                f"{'; '.join(self.plan.describe_buckets())}), and a graph replays the same "
+                f"calls for every step size")
+        return self.kernels[next(iter(used))].capture_support(ctx)
 
     def process_weights_after_loading(self, layer: torch.nn.Module) -> None:
         for kernel in self.kernels.values():

@@ -53,8 +53,8 @@ class Timing:
     #: Per bucket, its second-best round over its best (1.0: steady; much more: the
     #: machine was busy with other work while it was timed). 1.0 where timed once.
     spread: tuple[float, ...]
-    #: Its ``process_weights_after_loading`` left the layer's parameters as they were, so
-    #: it can share a layer with another kernel.
+    #: Its ``process_weights_after_loading`` left the layer's parameters as they were
+    #: (the same tensors, the same values), so it can share a layer with another kernel.
     keeps_layer: bool
 
 
@@ -144,6 +144,7 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
         for cls in candidates:
             name = cls.name or f"{cls.__module__}:{cls.__qualname__}"
             before = [_params(layer) for layer in layers]
+            values = [p.detach().clone() for p in layers[0].parameters()]
             try:
                 pairs = [(cls(config), layer) for layer in layers]
                 for kernel, layer in pairs:
@@ -155,7 +156,9 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
                 failed[name] = describe(exc)
                 layers = _layers(config, dtype, copies)  # it may have changed them
                 continue
-            keeps[name] = before == [_params(layer) for layer in layers]
+            keeps[name] = before == [_params(layer) for layer in layers] and all(
+                torch.equal(a, b) for a, b in zip(values, layers[0].parameters(),
+                                                  strict=True))
             instances[name] = pairs
             if not keeps[name]:  # the others get layers of their own
                 layers = _layers(config, dtype, copies)

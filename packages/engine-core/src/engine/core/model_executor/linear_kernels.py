@@ -45,6 +45,7 @@ import torch.nn.functional as F
 
 from engine.core.native import native_kernels
 from engine.core.native.library import SMALL_MATMUL_ROWS
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -80,6 +81,12 @@ class TorchLinearKernel(LinearKernel):
     ) -> torch.Tensor:
         weight: torch.Tensor = layer.weight  # type: ignore[assignment]
         return F.linear(x, weight, bias)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return Support.no("F.linear is a torch product, which the CPU step graph cannot "
+                          "replay")
 
 
 class OneDNNLinearKernel(LinearKernel):
@@ -122,6 +129,9 @@ class OneDNNLinearKernel(LinearKernel):
         out: torch.Tensor = torch.ops.mkldnn._linear_pointwise(flat, self.packed, bias, "none",
                                                                [], "")
         return out.view(*x.shape[:-1], out.shape[-1])
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return Support.no("oneDNN's product is not a native kernel a graph can replay")
 
 
 class CpuLinearKernel(OneDNNLinearKernel):
@@ -187,6 +197,14 @@ class CpuLinearKernel(OneDNNLinearKernel):
         out = torch.empty(rows, n, dtype=x.dtype)
         kernels.matmul(flat, weight, self.panels, bias, out)  # small rows or panels: in C
         return out.view(*x.shape[:-1], n)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """The CPU step graph, where the weight is packed: every row count runs in C."""
+        if ctx.kind is not GraphKind.CPU_STEP_GRAPH:
+            return Support.no(f"it runs on the CPU only, not in {ctx.kind.value}")
+        if self.panels is None:
+            return Support.no("its weight is not packed here (oneDNN multiplies 4+ rows)")
+        return Support.yes()
 
 
 @functools.cache

@@ -8,8 +8,9 @@
 // Python per step instead of ~10 per layer, each with its Python around it.
 //
 // Each op is kOpWidth int64s: the kernel (GraphKernel), a mask of the arguments that are
-// the step's token count (set to `rows` before the call), then the arguments in the kernel's
-// order: pointers and integers as they are, a float as its 32 bits.
+// a multiple of the step's token count (such an argument holds the multiple, and becomes
+// multiple * `rows` before the call: rows of per-head tensors are tokens * heads), then the
+// arguments in the kernel's order: pointers and integers as they are, a float as its 32 bits.
 
 #include <cstdint>
 #include <cstring>
@@ -140,7 +141,7 @@ int64_t engine_graph_run(const int64_t* ops, int64_t num_ops, int64_t rows) {
     Args args;
     std::memcpy(args.a, op + 2, sizeof args.a);
     for (int64_t j = 0; j < kMaxArgs; ++j)
-      if (op[1] >> j & 1) args.a[j] = rows;
+      if (op[1] >> j & 1) args.a[j] *= rows;  // it holds the multiple of the token count
     const int status = run_op(op[0], args);
     if (status != 0) return (i + 1) * 256 + (status & 255);
   }

@@ -17,14 +17,18 @@ What makes a recording sound:
   (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
   with the op's name, and the caller runs the model eagerly.
 * The pass is recorded at several token counts (``record_at``): the calls must be the same
-  but for the arguments that equal the token count, which the replay sets, and every
+  but for the arguments that are a fixed multiple of the token count (the count itself,
+  or the rows of a per-head view: tokens * heads), which the replay sets, and every
   pointer into the pass's buffers must sit at the same offset. A call whose arguments
   depend on the count any other way (a last-row pointer, a branch on the count) is refused.
 * A recording may go on past the pass's output with a second stage (``record(..., then=)``,
   the LM head after the layers): a run does the first stage alone or both, and the first
-  stage's output stays valid after the second.
+  stage's output stays valid after the second. A stage may end with a conversion of its
+  rows to float32 (``compute_logits``' ``.float()``): the stage's output is then the rows
+  before it, and the caller converts them.
 * Python side effects of the forward pass are not replayed: the caller must allow only
-  modules it knows have none (``engine.core.worker.step_graph`` does).
+  modules that say they have none (``engine.core.worker.step_graph`` asks every component
+  of the pass: ``engine.core.worker.capture_components``).
 """
 
 from __future__ import annotations
@@ -52,6 +56,8 @@ aten = torch.ops.aten
 
 #: Ops that may copy when they cannot make a view: recorded as ``copy_rows`` when they do.
 _MAYBE_COPIES = {aten.contiguous, aten.reshape, aten.flatten}
+#: Conversions: a view or a copy when the dtype stays, else a stage output's conversion.
+_CONVERSIONS = {aten.to, aten._to_copy}
 #: Ops that only allocate (the contents are whatever the recorded kernels write).
 _ALLOCATIONS = {aten.empty, aten.empty_like, aten.new_empty, aten.empty_strided}
 #: Byte alignment of each buffer in the arena (a cache line; the arena starts on a page).
@@ -84,13 +90,18 @@ class _Recording:
         default_factory=list)
     #: ... and how many calls the pass has made when that output is ready.
     stage_ends: list[int] = field(default_factory=list)
+    #: Float32 conversions of the pass's rows, by the address of the result: their source.
+    conversions: dict[int, torch.Tensor] = field(default_factory=dict)
 
     def finish_stage(self, out: torch.Tensor) -> None:
-        """``out`` is the output of the calls recorded so far.
+        """``out`` is the output of the calls recorded so far (or their float32 conversion).
 
         Raises:
             NotCapturable: it is not ``[rows, ...]`` in the pass's own buffers.
         """
+        source = self.conversions.get(out.data_ptr()) if out.numel() else None
+        if source is not None and source.shape == out.shape:
+            out = source  # the caller converts the rows (see the module docstring)
         buffer = self.buffer_of(out.data_ptr()) if out.numel() else None
         if buffer is None or out.dim() != 2 or out.shape[0] != self.rows:
             raise NotCapturable(f"a stage of the forward pass returned {tuple(out.shape)}, "
@@ -190,6 +201,8 @@ class _RecordingMode(TorchDispatchMode):
             out = func(*args, **kwargs)
             self.kernels.copy_rows(src, dst)
             return out
+        if packet in _CONVERSIONS:
+            return self._converted(args[0], func(*args, **kwargs))
         if packet is aten.embedding:
             weight, ids = args[0], args[1]
             out = func(*args, **kwargs)
@@ -206,6 +219,19 @@ class _RecordingMode(TorchDispatchMode):
             return out
         raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
                             f"native kernels, views, copies and embedding lookups only)")
+
+    def _converted(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """``out = src.to(...)``: a view, a copy, or a stage output's float32 conversion."""
+        if out.dtype == src.dtype and out.device == src.device:
+            return out if _aliases(out, src) else self._copied(src, out)
+        if (out.dtype != torch.float32 or out.shape != src.shape or src.dim() != 2
+                or out.device != src.device
+                or self.recording.buffer_of(src.data_ptr()) is None):
+            raise NotCapturable(f"the forward pass converts {tuple(src.shape)} {src.dtype} to "
+                                f"{out.dtype} (a graph converts only a stage's output rows, "
+                                f"to float32)")
+        self.recording.conversions[out.data_ptr()] = src  # nothing recorded: see finish_stage
+        return out
 
     def _copied(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         self.recording.allocated(out)
@@ -303,14 +329,15 @@ class KernelGraph:
         arena = arena[base: base + total]
         origin = arena.data_ptr()
         table = np.zeros((len(first.ops), GRAPH_OP_WIDTH), dtype=np.int64)
-        for i, ((kernel, values), mask) in enumerate(zip(first.ops, masks, strict=True)):
+        for i, ((kernel, values), (mask, multiples)) in enumerate(
+                zip(first.ops, masks, strict=True)):
             if len(values) > GRAPH_MAX_ARGS:
                 raise NotCapturable(f"{kernel} takes {len(values)} arguments; a graph's ops "
                                     f"hold {GRAPH_MAX_ARGS}")
             table[i, 0] = GRAPH_KERNELS[kernel]
             table[i, 1] = mask
-            for j, value in enumerate(values):
-                table[i, 2 + j] = _encode(value, origin, offsets)
+            for j, value in enumerate(values):  # an argument in the mask holds its multiple
+                table[i, 2 + j] = multiples.get(j) or _encode(value, origin, offsets)
         outputs = []
         for buffer, tail, strides, dtype in first.outputs:
             typed = arena.view(dtype)
@@ -347,8 +374,10 @@ class KernelGraph:
         return self.outputs[stage][:rows]
 
 
-def _row_masks(recordings: Sequence[_Recording]) -> list[int]:
-    """Per op of the first recording, the mask of its arguments that are the token count.
+def _row_masks(recordings: Sequence[_Recording]) -> list[tuple[int, dict[int, int]]]:
+    """Per op of the first recording: which arguments are a multiple of the token count.
+
+    The mask of those arguments, and the multiple of each.
 
     Raises:
         NotCapturable: the recordings differ in any other way.
@@ -368,18 +397,30 @@ def _row_masks(recordings: Sequence[_Recording]) -> list[int]:
                                 "for different token counts")
     masks = []
     for i, (kernel, values) in enumerate(first.ops):
-        mask = 0
+        mask, multiples = 0, {}
         for j, value in enumerate(values):
             seen = [r.ops[i][1][j] for r in recordings]
-            if all(isinstance(v, int) and not isinstance(v, bool) and v == r.rows
-                   for v, r in zip(seen, recordings, strict=True)):
+            multiple = _multiple_of_rows(seen, [r.rows for r in recordings])
+            if multiple is not None:
                 mask |= 1 << j
+                multiples[j] = multiple
             elif any(v != value for v in seen):
                 raise NotCapturable(f"argument {j} of {kernel} (call {i}) depends on the "
                                     f"token count other than by being it: {seen} for "
                                     f"{[r.rows for r in recordings]} tokens")
-        masks.append(mask)
+        masks.append((mask, multiples))
     return masks
+
+
+def _multiple_of_rows(seen: Sequence[Any], rows: Sequence[int]) -> int | None:
+    """``m`` when every recording's value is ``m`` times its token count (``m >= 1``)."""
+    if len(seen) < 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in seen):
+        return None
+    multiple, remainder = divmod(seen[0], rows[0])
+    if multiple < 1 or remainder or any(v != multiple * r for v, r in zip(seen, rows,
+                                                                          strict=True)):
+        return None
+    return int(multiple)
 
 
 def _lifetimes(recording: _Recording) -> list[tuple[int, int] | None]:

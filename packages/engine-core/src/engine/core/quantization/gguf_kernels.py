@@ -45,6 +45,7 @@ from engine.core.quantization.gguf_formats import (
     _nibbles,
 )
 from engine.core.quantization.scratch import scratch
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -161,6 +162,13 @@ class GGUFDequantKernel(LinearKernel):
                 return direct
         step = max(1, CHUNK_ELEMENTS // cols)
         return chunked_matmul(x, data.shape[0], cols, bias, fill, step)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """CUDA graphs: torch ops without host synchronisation; never the CPU step graph."""
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return Support.no("it dequantizes and multiplies in torch, which the CPU step graph "
+                          "cannot replay")
 
 
 def _q8_0_small_matmul(x: torch.Tensor, data: torch.Tensor, cols: int,

@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from engine.core.quantization.gguf_formats import FORMATS, GGUFFormat
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.errors import UnsupportedError, ValidationError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
@@ -131,6 +132,16 @@ class GGUFLinearMethod(QuantizeMethod):
             start += rows
         return torch.cat(outputs, dim=-1)
 
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Its kernels answer (the engine asks them); mixed formats: CUDA graphs only.
+
+        Shards of different formats are joined by ``torch.cat``.
+        """
+        if self.is_mixed and ctx.kind is not GraphKind.CUDA_GRAPHS:
+            return Support.no("its shards of different formats are joined by torch.cat, which "
+                              "the CPU step graph cannot replay")
+        return Support.yes()
+
 
 def _weight(module: nn.Module) -> torch.Tensor:
     weight = module.weight
@@ -188,6 +199,13 @@ class GGUFEmbeddingMethod(QuantizeMethod):
         out = torch.empty(rows.shape[0], self.hidden_size, dtype=self.dtype, device=x.device)
         self.fmt.dequantize(rows, out)
         return out.view(*x.shape, self.hidden_size)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """CUDA graphs: torch ops without host synchronisation; never the CPU step graph."""
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return Support.no("its lookup dequantizes rows in torch, which the CPU step graph "
+                          "cannot replay")
 
 
 class GGUFConfig(QuantizationConfig):

@@ -21,6 +21,7 @@ from typing import ClassVar
 import torch
 from torch import nn
 
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -94,6 +95,10 @@ class Int8IntMMKernel(LinearKernel):
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return _w8a8_matmul(layer, x, bias, torch._int_mm)
 
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return Support.no("torch._int_mm and its quantization are torch compute, which no "
+                          "graph the engine records on the CPU can replay")
+
 
 class Int8ReferenceKernel(LinearKernel):
     """W8A8 with a float32 matmul of the integer values: any device, for checks."""
@@ -112,3 +117,9 @@ class Int8ReferenceKernel(LinearKernel):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return _w8a8_matmul(layer, x, bias, lambda q, w: q.float() @ w.float())
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """CUDA graphs: torch ops without host synchronisation; never the CPU step graph."""
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return Support.no("its matmul is torch compute, which the CPU step graph cannot replay")

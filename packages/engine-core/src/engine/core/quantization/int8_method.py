@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from engine.sdk.capture import CaptureContext
 from engine.sdk.errors import ValidationError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
@@ -81,6 +82,10 @@ class Int8LinearMethod(QuantizeMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor,
               bias: torch.Tensor | None = None) -> torch.Tensor:
         return self._kernel().apply(layer, x, bias)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes: ``apply`` only calls the kernel, which the engine asks itself."""
+        return Support.yes()
 
 
 class Int8Config(QuantizationConfig):

@@ -9,7 +9,12 @@ static buffers and replays the smallest graph of at least ``n`` rows: one launch
 
 Which steps: decode-only batches (every request one query token), as long as the
 attention backend's ``cudagraph_support`` is at least ``UNIFORM_SINGLE_TOKEN_DECODE``
-(a backend at ``NEVER`` keeps every step eager). Prefill and mixed steps run eagerly.
+(a backend at ``NEVER`` keeps every step eager) and every component of the pass says CUDA
+graphs may capture it (``capture_support`` with ``GraphKind.CUDA_GRAPHS``,
+``engine.sdk.capture``; ``capture_components`` asks them during a warm-up pass): the model
+for its own modules, each custom op, linear layer (quantization method, linear kernel) and
+attention implementation. One that does not declare keeps the model eager, named in the
+INFO line. Prefill and mixed steps run eagerly.
 Padding rows of a graph (``n`` below its size) read and write only the null block:
 their slots are the null block's first, their context one token, their block-table row
 whatever it held (read, never written). Their outputs are dropped.
@@ -38,13 +43,17 @@ import numpy as np
 import torch
 from torch import nn
 
+from engine.core.plugin_faults import ForwardAttribution
 from engine.core.worker.capture import capture_or_explain
+from engine.core.worker.capture_components import PassComponents
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import (
     AttentionMetadataBuilder,
     CommonAttentionMetadata,
     CudaGraphSupport,
 )
+from engine.sdk.capture import CaptureContext, GraphKind
+from engine.sdk.platform import PlatformInfo
 
 logger = logging.getLogger(__name__)
 
@@ -162,18 +171,34 @@ class CudaGraphs:
 
 def capture_cuda_graphs(model: nn.Module, builder: AttentionMetadataBuilder[Any],
                         support: CudaGraphSupport, *, sizes: Sequence[int], max_blocks: int,
-                        max_model_len: int, block_size: int, device: torch.device) -> CudaGraphs:
+                        max_model_len: int, block_size: int, device: torch.device,
+                        attribution: ForwardAttribution | None = None,
+                        platform: PlatformInfo | None = None) -> CudaGraphs:
     """Capture ``model``'s decode pass for each batch size in ``sizes``.
 
+    ``attribution`` names the plugins of refused components; ``platform`` is what they
+    are told (``CaptureContext``).
+
     Raises:
-        NotCapturable: the backend or the forward pass cannot be captured; says why.
+        NotCapturable: the backend, a component or the forward pass cannot be captured;
+            says why.
     """
     if support < CudaGraphSupport.UNIFORM_SINGLE_TOKEN_DECODE:
         raise NotCapturable(f"the attention backend's cudagraph_support is "
                             f"{support.name}")
     if not sizes:
         raise NotCapturable("no batch size to capture")
+    components = PassComponents(model, CaptureContext(
+        kind=GraphKind.CUDA_GRAPHS, platform=platform, max_tokens=max(sizes),
+        decode_only=True), attribution)
+    why = components.model_refusal()
+    if why is not None:
+        raise NotCapturable(why)
     buffers = DecodeBuffers(max(sizes), max_blocks, max_model_len, device)
+    top = max(sizes)
+    with torch.inference_mode(), components.checked(NotCapturable):  # asks every component
+        model(buffers.input_ids[:top], buffers.positions[:top],
+              builder.build(buffers.common(top)))
     pool = torch.cuda.graph_pool_handle()
     graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor]] = {}
     with torch.inference_mode():

@@ -6,51 +6,57 @@ to ``StepGraph.rows`` tokens (one C call instead of ~10 Python-wrapped calls per
 runs the model eagerly for larger steps. The graph is the CPU's counterpart of CUDA graphs,
 so ``--enforce-eager`` (or a platform's ``enforce_eager``) turns it off.
 
-A graph replays native kernel calls only, so it is captured only where every part of the
-forward pass is the engine's own and has no Python side effect a replay would skip:
+A graph replays native kernel calls only and skips the pass's Python, so it is captured
+only where every component of the pass says it may be (``capture_support`` with
+``GraphKind.CPU_STEP_GRAPH``, ``engine.sdk.capture``; ``capture_components`` asks them):
+the model for its own modules, each custom op, linear layer (its quantization method and
+linear kernel) and attention layer (its implementation). The engine's own declare where
+they run native kernels: the built-in Llama family, ``rms_norm``/``rotary_embedding``/
+``silu_and_mul`` on their CPU path, the ``cpu`` linear kernel with its packed weights
+(AVX-512: oneDNN takes 4+ rows on other CPUs, which a graph cannot call), the ``cpu``
+attention backend, the embedding. A plugin's component is recorded where it declares too
+(a subclass inherits its base's answer). What the engine checks whatever they answer:
+one rank, no KV connector, no module hooks, the ``cpu`` backend's metadata builder (the
+graph's static inputs hold its metadata: a backend reusing that builder may be recorded);
+``engine.core.native.graph`` refuses any torch op that computes outside the native
+kernels, naming it and the module it ran in.
 
-* one of the built-in Llama-family models (a plugin's model runs eagerly, as does a
-  subclass of a built-in one);
-* every linear layer unquantized on the ``cpu`` linear kernel with its packed weights
-  (AVX-512: oneDNN takes 4+ rows on other CPUs, which a graph cannot call), the built-in
-  ``rms_norm``/``rotary_embedding``/``silu_and_mul`` on their CPU path, the ``cpu``
-  attention backend;
-* one rank, no KV connector, no module hooks.
-
-Anything else (a custom-op or linear-kernel plugin, GGUF weights kept quantized, a torch
+Anything refused (a component that does not declare, GGUF weights kept quantized, a torch
 op a graph cannot record) leaves the model eager, with one INFO line saying why; requests
 are served the same either way. Before the graph is used, a short pass of both on the
 null block must give the same hidden states bit for bit.
 
-Where the LM head is a layer the graph runs too, it is recorded as a second stage: a step
-whose every token is sampled (decode steps: one token per request) replays both and takes
-its logits from the graph; any other step replays the layers alone and runs the head
-eagerly on the rows it samples (``model.compute_logits``), as without a graph.
+The model's ``compute_logits`` is recorded as a second stage where it can be (it ends in
+a conversion to float32, done after the replay): a step whose every token is sampled
+(decode steps: one token per request) replays both and takes its logits from the graph;
+any other step replays the layers alone and runs ``compute_logits`` eagerly on the rows it
+samples, as without a graph. A ``compute_logits`` the graph cannot record (torch compute
+of its own, say) stays eager for every step, which the INFO line says.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.core.attention.cpu_backend import CpuAttentionImpl, CpuAttentionMetadata
-from engine.core.model_executor.layers import builtin_ops
-from engine.core.model_executor.layers.attention import Attention
-from engine.core.model_executor.layers.embedding import VocabEmbedding
-from engine.core.model_executor.layers.linear import Linear, UnquantizedLinearMethod
-from engine.core.model_executor.linear_kernels import CpuLinearKernel
-from engine.core.model_executor.models import llama
+from engine.core.attention.cpu_backend import (
+    CpuAttentionMetadata,
+    CpuAttentionMetadataBuilder,
+)
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.library import NativeKernels
+from engine.core.plugin_faults import ForwardAttribution
 from engine.core.worker.capture import capture_or_explain
+from engine.core.worker.capture_components import PassComponents, held_tensors
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
 from engine.sdk.attention import AttentionMetadataBuilder
+from engine.sdk.capture import CaptureContext, GraphKind
+from engine.sdk.platform import PlatformInfo
 
 logger = logging.getLogger(__name__)
 
@@ -61,10 +67,6 @@ MAX_GRAPH_TOKENS = 512
 #: skips copies of one-row views (a one-row slice is contiguous), which a replay of a
 #: larger pass makes anyway, to the same values; the eager check below covers 1 token.
 EXTRA_RECORDINGS = (2, 3, 4)
-#: Modules a graph may run, beyond those checked one by one in ``_refusal``.
-_CONTAINERS = (llama.LlamaForCausalLM, llama.MistralForCausalLM, llama.Qwen2ForCausalLM,
-               llama.LlamaDecoderLayer, llama.LlamaAttention, llama.LlamaMLP, VocabEmbedding)
-_OPS = (builtin_ops.RMSNorm, builtin_ops.RotaryEmbedding, builtin_ops.SiluAndMul)
 
 
 class _Inputs:
@@ -116,6 +118,8 @@ class StepGraph:
         self.builder = builder
         self.max_reqs = max_reqs
         self.max_blocks = max_blocks
+        #: Why ``compute_logits`` is not the graph's second stage (None: it is).
+        self.head_refused: str | None = None
 
     @property
     def rows(self) -> int:
@@ -148,8 +152,13 @@ class StepGraph:
 def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
                        builder: AttentionMetadataBuilder[Any], *, max_tokens: int,
                        max_reqs: int, max_blocks: int, block_size: int,
-                       kv_caches: Sequence[torch.Tensor]) -> StepGraph:
+                       kv_caches: Sequence[torch.Tensor],
+                       attribution: ForwardAttribution | None = None,
+                       platform: PlatformInfo | None = None) -> StepGraph:
     """Record ``model``'s forward pass for steps of up to ``max_tokens`` tokens.
+
+    ``attribution`` names the plugins of refused components; ``platform`` is what they
+    are told (``CaptureContext``).
 
     Raises:
         NotCapturable: the forward pass cannot be a graph; the message says why.
@@ -159,12 +168,19 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     rows = min(max_tokens, MAX_GRAPH_TOKENS)
     if rows < 2:
         raise NotCapturable(f"steps of {rows} token are too small to be worth a graph")
-    if type(model) not in _CONTAINERS[:3]:
-        raise NotCapturable(f"the model class {type(model).__name__} is not one of the "
-                            f"engine's built-in models")
+    if not isinstance(builder, CpuAttentionMetadataBuilder):
+        kind = type(builder)
+        raise NotCapturable(f"the attention metadata builder {kind.__module__}."
+                            f"{kind.__qualname__} is not the cpu backend's, whose metadata "
+                            f"the graph's static inputs hold")
+    components = PassComponents(model, CaptureContext(
+        kind=GraphKind.CPU_STEP_GRAPH, platform=platform, max_tokens=rows), attribution)
+    why = components.model_refusal()
+    if why is not None:
+        raise NotCapturable(why)
     inputs = _Inputs(rows, max_reqs, max_blocks)
     known = [*model.parameters(), *model.buffers(), *kv_caches, *inputs.tensors(),
-             *_kernel_tensors(model)]
+             *held_tensors(model)]
 
     def forward(count: int) -> torch.Tensor:
         out: torch.Tensor = model(inputs.input_ids[:count], inputs.positions[:count],
@@ -172,11 +188,11 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
         return out
 
     counts = [rows, *(n for n in EXTRA_RECORDINGS if n < rows)]
-    head = _head(model)
-    with torch.inference_mode(), _only_known_modules():
-        recordings = [record(kernels, forward, count, known, then=head) for count in counts]
+    with torch.inference_mode():
+        head_refused, recordings = _record(components, kernels, forward, counts, known)
     step_graph = StepGraph(KernelGraph.from_recordings(kernels, recordings), inputs, builder,
                            max_reqs, max_blocks)
+    step_graph.head_refused = head_refused
     null_blocks = [cache[:, 0].clone() for cache in kv_caches]  # the check writes there
     try:
         _check_against_eager(model, step_graph, block_size)
@@ -186,73 +202,36 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     return step_graph
 
 
-def _head(model: nn.Module) -> nn.Module | None:
-    """The LM head, where ``compute_logits`` is it alone and the graph can run it."""
-    lm_head = getattr(model, "lm_head", None)
-    if getattr(type(model), "compute_logits", None) is not (
-            llama.LlamaForCausalLM.compute_logits) or not (
-            isinstance(lm_head, nn.Module)) or _refusal(lm_head) is not None:
-        return None
-    return lm_head
+class _HeadRefused(NotCapturable):
+    """``compute_logits`` cannot be a stage of the graph (the layers may still be)."""
 
 
-def _kernel_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """Tensors the linear kernels hold outside the parameters (the packed weights)."""
-    found = []
-    for module in model.modules():
-        kernel = getattr(getattr(module, "quant_method", None), "kernel", None)
-        found += [v for v in vars(kernel).values() if isinstance(v, torch.Tensor)
-                  and v.layout == torch.strided and not v.is_mkldnn] if (
-            kernel is not None) else []  # oneDNN's own copies have no storage to point at
-    return found
+def _record(components: PassComponents, kernels: NativeKernels,
+            forward: Callable[[int], torch.Tensor], counts: Sequence[int],
+            known: Sequence[torch.Tensor]) -> tuple[str | None, list[Any]]:
+    """Recordings of the pass at ``counts`` tokens, with ``compute_logits`` where it can be.
 
+    Returns why ``compute_logits`` was left out (None: it is the second stage), and the
+    recordings.
+    """
+    model: Any = components.model
+    compute_logits: Callable[[torch.Tensor], torch.Tensor] = model.compute_logits
 
-def _refusal(module: nn.Module) -> str | None:
-    """Why the graph cannot run ``module`` (None: it can)."""
-    kind = type(module)
-    if module._forward_hooks or module._forward_pre_hooks:
-        return "it has forward hooks, which a graph would not call"
-    if kind in _CONTAINERS:
-        return None
-    if kind in _OPS:
-        chosen = getattr(module, "_forward_impl", None)
-        if getattr(chosen, "__func__", None) is not kind.forward_cpu:
-            return "it does not run its CPU kernel here"
-        return None
-    if kind is Linear:
-        method: Any = module.quant_method
-        kernel = getattr(method, "kernel", None)
-        if type(method) is not UnquantizedLinearMethod or type(kernel) is not CpuLinearKernel:
-            return (f"its product is {type(kernel or method).__name__}, not the cpu linear "
-                    f"kernel's")
-        if kernel.panels is None:
-            return "its weight is not packed here (oneDNN multiplies 4+ rows)"
-        return None
-    if kind is Attention:
-        impl: Any = module.impl
-        if type(impl) is not CpuAttentionImpl:
-            return f"its backend is {type(impl).__name__}, not the cpu backend"
-        if module.kv_connector is not None:
-            return "a KV connector hooks it"
-        return None
-    return f"{kind.__module__}.{kind.__qualname__} is not a layer the graph knows"
+    def head(hidden: torch.Tensor) -> torch.Tensor:
+        try:
+            return compute_logits(hidden)
+        except _HeadRefused:
+            raise
+        except NotCapturable as exc:
+            raise _HeadRefused(str(exc)) from None
 
-
-@contextlib.contextmanager
-def _only_known_modules() -> Iterator[None]:
-    def check(module: nn.Module, args: Any) -> None:
-        reason = _refusal(module)
-        if reason is not None:
-            raise NotCapturable(f"{type(module).__name__}: {reason}")
-
-    handle = nn.modules.module.register_module_forward_pre_hook(check)
     try:
-        if len(nn.modules.module._global_forward_hooks) or len(
-                nn.modules.module._global_forward_pre_hooks) > 1:
-            raise NotCapturable("global module hooks are registered")
-        yield
-    finally:
-        handle.remove()
+        with components.checked(NotCapturable):
+            return None, [record(kernels, forward, n, known, then=head) for n in counts]
+    except _HeadRefused as exc:
+        head_refused = str(exc)
+    with components.checked(NotCapturable):
+        return head_refused, [record(kernels, forward, n, known) for n in counts]
 
 
 def _check_against_eager(model: nn.Module, step_graph: StepGraph, block_size: int) -> None:
@@ -298,6 +277,7 @@ def try_capture(model: nn.Module, kernels: NativeKernels | None,
 
 def _describe(graph: StepGraph) -> str:
     head = ("the LM head included for decode steps" if graph.graph.num_stages > 1
+            else f"the LM head eager ({graph.head_refused})" if graph.head_refused
             else "the LM head eager")
     return (f"the forward pass runs as {graph.graph.num_ops} native calls for steps of up "
             f"to {graph.rows} tokens, {head} (arena "

@@ -261,6 +261,9 @@ class Worker:
             (self.tp.is_parallel, "tensor parallelism: the ranks' collectives run in Python"),
             (self.kv_connector is not None, "a KV connector hooks every layer"),
         ) if cond]
+        # Each component of the pass is asked whether the graph can record it (its plugin
+        # named in the log line where one refuses): engine.core.worker.capture_components.
+        named = {"attribution": runner.attribution, "platform": setup.platform.info()}
         if self.device.type == "cuda":
             runner.step_graph = try_capture_cuda(
                 self.built.model, runner.builder, backend.cudagraph_support,
@@ -268,16 +271,14 @@ class Worker:
                 sizes=capture_sizes(setup.config.max_num_seqs),
                 max_blocks=runner.input_batch.block_table.shape[1],
                 max_model_len=setup.max_model_len, block_size=setup.block_size,
-                device=self.device)
+                device=self.device, **named)
         else:
-            if backend.name != "cpu":
-                reasons.append(f"the attention backend is {backend.name!r}, not 'cpu'")
             runner.step_graph = try_capture(
                 self.built.model, native_kernels(), runner.builder,
                 enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
                 max_tokens=setup.max_num_batched_tokens, max_reqs=setup.config.max_num_seqs,
                 max_blocks=runner.input_batch.block_table.shape[1],
-                block_size=setup.block_size, kv_caches=list(self.kv_caches.values()))
+                block_size=setup.block_size, kv_caches=list(self.kv_caches.values()), **named)
         if again and runner.step_graph is None:
             logger.warning("rank %d: the forward pass could not be captured again after "
                            "collective_rpc; the model runs eagerly from now on", self.rank)

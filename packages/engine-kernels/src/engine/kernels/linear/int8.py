@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from engine.kernels._triton import device_problem
+from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -75,3 +76,9 @@ class TritonInt8Kernel(LinearKernel):
         if not isinstance(weight, torch.Tensor) or not isinstance(scale, torch.Tensor):
             raise TypeError("an int8_w8a8 layer needs 'weight' and 'weight_scale' tensors")
         return w8a8_linear(x, weight, scale, bias)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """CUDA graphs: Triton launches only (no host synchronisation)."""
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return Support.yes()
+        return Support.no("its Triton kernels run on CUDA only, not in the CPU step graph")

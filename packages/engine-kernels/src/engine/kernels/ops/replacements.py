@@ -7,6 +7,9 @@ so a CUDA install without it stops while the model is built, saying what to inst
 which ``--custom-ops`` item turns the op off, rather than failing in the first forward.
 
 The kernels (``op_kernels``) are imported on first use: this module imports no triton.
+
+Each declares that CUDA graphs may capture its Triton path (``capture_support``,
+``engine.sdk.capture``); its reference paths declare nothing.
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ from typing import ClassVar
 import torch
 
 from engine.kernels._triton import INSTALL_HINT, triton_installed
-from engine.sdk.ops import NATIVE, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.capture import CaptureContext, GraphKind
+from engine.sdk.ops import NATIVE, CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.support import Support
 
 
 def _require_triton(name: str, dispatch_key: str) -> None:
@@ -25,6 +30,14 @@ def _require_triton(name: str, dispatch_key: str) -> None:
             f"engine-kernels' {name} replacement runs Triton kernels on CUDA, but triton is "
             f"not installed: {INSTALL_HINT}; or build the model with the reference op "
             f"(--custom-ops=-{name})")
+
+
+def _capture_support(op: CustomOp, ctx: CaptureContext) -> Support:
+    """CUDA graphs, where the op runs its Triton kernel (launches only, no host sync)."""
+    if ctx.kind is GraphKind.CUDA_GRAPHS and op.dispatch_key == "cuda":
+        return Support.yes()
+    return Support.no(f"it runs {op.method_for(op.dispatch_key)}, a torch reference; only its "
+                      f"Triton path on CUDA declares graph capture")
 
 
 class TritonRMSNorm(RMSNormOp):
@@ -43,6 +56,9 @@ class TritonRMSNorm(RMSNormOp):
 
         y = rms_norm(x, self.weight, self.eps, residual)
         return y if residual is None else (y, residual)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return _capture_support(self, ctx)
 
 
 class TritonRotaryEmbedding(RotaryEmbeddingOp):
@@ -65,6 +81,9 @@ class TritonRotaryEmbedding(RotaryEmbeddingOp):
                              self.is_neox_style)
         return query, key
 
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return _capture_support(self, ctx)
+
 
 class TritonSiluAndMul(SiluAndMulOp):
     """``silu_and_mul`` in one Triton kernel (no intermediate ``silu`` tensor)."""
@@ -79,3 +98,6 @@ class TritonSiluAndMul(SiluAndMulOp):
         from engine.kernels.ops.op_kernels import silu_and_mul
 
         return silu_and_mul(x)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return _capture_support(self, ctx)

@@ -8,6 +8,8 @@ import torch
 from torch import nn
 
 from engine.sdk.attention import AttentionImpl
+from engine.sdk.capture import CaptureContext
+from engine.sdk.support import Support
 
 
 class KVLayerHooks(Protocol):
@@ -48,6 +50,12 @@ class Attention(nn.Module):
         self.head_size = head_size
         self.kv_cache: torch.Tensor | None = None
         self.kv_connector: KVLayerHooks | None = None
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes without a KV connector (the engine asks the implementation too)."""
+        if self.kv_connector is not None:
+            return Support.no("a KV connector's hooks run in Python around its attention")
+        return Support.yes()
 
     def forward(
         self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, metadata: Any

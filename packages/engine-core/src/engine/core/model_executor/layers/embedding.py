@@ -17,8 +17,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.distributed import SINGLE, Slice, TensorParallelGroup, all_reduce, vocab_slice
+from engine.core.model_executor.layers.linear import tensor_parallel_refusal
 from engine.core.model_loader.checkpoint_dtype import for_parameter
+from engine.sdk.capture import CaptureContext
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
+from engine.sdk.support import Support
 
 
 def load_vocab_rows(target: torch.Tensor, tensor: torch.Tensor, rows: Slice, vocab_size: int,
@@ -72,6 +75,10 @@ class VocabEmbedding(nn.Module):
         out.masked_fill_(~held.unsqueeze(-1), 0)
         return all_reduce(out, self.tp)
 
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes on one rank: a lookup (the CPU step graph records it as a row gather)."""
+        return tensor_parallel_refusal(self.tp)
+
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
         """Copy this rank's rows of the checkpoint's full table.
 
@@ -117,6 +124,10 @@ class QuantizedVocabEmbedding(nn.Module):
         out = self.quant_method.apply(self, torch.where(held, input_ids - start, 0))
         out.masked_fill_(~held.unsqueeze(-1), 0)
         return all_reduce(out, self.tp)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes on one rank (the engine asks the quantize method too)."""
+        return tensor_parallel_refusal(self.tp)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
         """Copy this rank's rows of checkpoint ``tensor`` into ``param_name``.

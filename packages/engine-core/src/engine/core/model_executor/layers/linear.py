@@ -34,8 +34,10 @@ from engine.core.distributed import (
     gather_to_driver,
 )
 from engine.core.model_loader.checkpoint_dtype import for_parameter
+from engine.sdk.capture import CaptureContext
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
+from engine.sdk.support import Support
 
 
 def copy_into_parameter(
@@ -92,6 +94,13 @@ def narrow_features(tensor: torch.Tensor, dim: int, part: Slice, features: int) 
     return tensor.narrow(dim, start, max(stop - start, 0))
 
 
+def tensor_parallel_refusal(tp: TensorParallelGroup) -> Support:
+    """A layer's answer to ``capture_support``: no under tensor parallelism, else yes."""
+    if tp.is_parallel:
+        return Support.no("its collective across the tensor-parallel ranks runs in Python")
+    return Support.yes()
+
+
 class UnquantizedLinearMethod(QuantizeMethod):
     """The default: a dense weight in the model dtype; the matmul is a linear kernel.
 
@@ -124,6 +133,10 @@ class UnquantizedLinearMethod(QuantizeMethod):
         self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
     ) -> torch.Tensor:
         return self.kernel.apply(layer, x, bias)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes: ``apply`` only calls the kernel, which the engine asks itself."""
+        return Support.yes()
 
 
 class Linear(nn.Module):
@@ -177,6 +190,10 @@ class Linear(nn.Module):
             if self.tp.is_driver:
                 out = out[..., : self.gather_size]
         return out
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes on one rank (the engine asks the quantize method and its kernel too)."""
+        return tensor_parallel_refusal(self.tp)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
         """Copy this rank's part of checkpoint ``tensor`` into ``param_name`` (shard ``shard``).

@@ -26,8 +26,10 @@ import torch
 from torch import nn
 
 from engine.core.model_executor.layers.linear import copy_into_parameter
+from engine.sdk.capture import CaptureContext
 from engine.sdk.layers import LayerFactory, rope_settings
 from engine.sdk.model import ModelContext, ModelInterface
+from engine.sdk.support import Support
 
 #: Checkpoint names folded into fused layers: (fused name, checkpoint name, shard index).
 STACKED_PARAMS = (
@@ -169,6 +171,10 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
             hidden, residual = layer(positions, hidden, residual, attn_metadata)
         hidden, _ = self.norm(hidden, residual)
         return hidden
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        """Yes: its modules and ``compute_logits`` only call layers and views (any graph)."""
+        return Support.yes()
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         # Under tensor parallelism every rank calls this; rank 0 gets the full logits.
