@@ -192,14 +192,28 @@ def test_what_is_not_measured_keeps_the_priority_order(cache, monkeypatch):
                                    disabled=(), step_tokens=64, versions={}) is None
 
 
-def test_a_choice_timed_on_a_busy_machine_is_used_but_not_kept(cache, monkeypatch, caplog):
+def test_a_choice_timed_on_a_busy_machine_is_measured_again_a_few_times(
+        cache, monkeypatch, caplog):
     n = len(BUCKETS)
     unsteady = [Timing("slow_builtin", (2.0,) * n, (3.0,) * n, True),
                 Timing("fast_plugin", (1.0,) * n, (1.0,) * n, True)]
-    monkeypatch.setattr(selection, "time_kernels", lambda *a: (unsteady, {}))
-    with caplog.at_level(logging.INFO, logger=selection.__name__):
-        assert _selector(SlowBuiltin, FastPlugin)(CONFIG) is FastPlugin
-    assert "not kept" in caplog.text and store.stored() == []
+    measured = []
+    monkeypatch.setattr(selection, "time_kernels",
+                        lambda *a: measured.append(1) or (unsteady, {}))
+    for attempt in range(1, selection.MAX_ATTEMPTS + 2):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=selection.__name__):
+            assert _selector(SlowBuiltin, FastPlugin)(CONFIG) is FastPlugin
+        [record] = store.stored()
+        if attempt <= selection.MAX_ATTEMPTS:
+            assert len(measured) == attempt and record.attempts == attempt
+            assert "the machine is busy" in caplog.text and not record.steady
+            last = attempt == selection.MAX_ATTEMPTS
+            assert ("kept after 3 tries: `engine kernels clear` measures again" in caplog.text
+                    ) is last
+        else:  # used from disk from then on
+            assert len(measured) == selection.MAX_ATTEMPTS
+            assert "measured in" not in caplog.text and "kept in" in caplog.text
 
 
 def test_a_kernel_left_out_is_named_with_its_distribution(cache, monkeypatch, caplog):

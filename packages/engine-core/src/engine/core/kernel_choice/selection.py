@@ -38,9 +38,11 @@ from engine.sdk.platform import PlatformInfo
 
 logger = logging.getLogger(__name__)
 
-#: A choice whose leading kernels' rounds differ more (second best over best) is used
-#: but not kept on disk.
+#: A choice whose leading kernels' rounds differ more (second best over best) was made
+#: on a busy machine: the next start measures again, up to ``MAX_ATTEMPTS`` times in all
+#: (on a machine that stays busy, the last one is used from then on).
 STEADY_SPREAD = 1.5
+MAX_ATTEMPTS = 3
 #: Weights of fewer elements are not measured: their product takes microseconds whichever
 #: kernel runs it, less than the timings' noise (test models; priority decides).
 MIN_MEASURED_WEIGHTS = 1 << 18
@@ -140,7 +142,7 @@ class MeasuredSelector:
               eligible: Sequence[type[LinearKernel]]) -> KernelPlan | None:
         parts = self.key(config, eligible)
         found = store.load(parts)
-        if found is not None:
+        if found is not None and (found.steady or found.attempts >= MAX_ATTEMPTS):
             logger.info("linear kernel for %s: %s (measured %s, kept in %s)",
                         config.describe(), found.plan.describe(), found.measured_at,
                         found.path)
@@ -154,15 +156,17 @@ class MeasuredSelector:
             return None
         plan = choose(timings, self.buckets, [label(k) for k in eligible], failed)
         took = time.perf_counter() - start
-        if not plan.steady(STEADY_SPREAD):
-            logger.info("linear kernel for %s: %s (measured in %.2f s; not kept: its rounds "
-                        "differed by more than %d%%, the machine is busy, so the next start "
-                        "measures again)", config.describe(), plan.describe(), took,
-                        round((STEADY_SPREAD - 1) * 100))
-            return plan
-        saved = store.save(parts, plan)
+        steady = plan.steady(STEADY_SPREAD)
+        attempts = 1 + (found.attempts if found is not None else 0)
+        saved = store.save(parts, plan, steady=steady, attempts=attempts)
+        kept = f", kept in {saved.path}" if saved else ""
+        if not steady:
+            again = ("the next start measures again" if attempts < MAX_ATTEMPTS else
+                     f"kept after {attempts} tries: `engine kernels clear` measures again")
+            kept += (f"; its rounds differed by more than {round((STEADY_SPREAD - 1) * 100)}%"
+                     f": the machine is busy, so {again}")
         logger.info("linear kernel for %s: %s (measured in %.2f s%s)", config.describe(),
-                    plan.describe(), took, f", kept in {saved.path}" if saved else "")
+                    plan.describe(), took, kept)
         return plan
 
     def _provider(self, name: str) -> str:

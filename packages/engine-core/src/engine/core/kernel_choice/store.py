@@ -4,7 +4,7 @@ A record's key is a digest of everything the measurement depends on (``KeyParts`
 CPU's model and flags, torch's version, the thread count, each candidate kernel with its
 distribution's version and a digest of its module's source, the layer's configuration,
 the row buckets), so any change measures again, and a record is read only where it was
-made for. Writes are atomic (a concurrent process reads all of a record or none); a record
+made for. A record measured on a busy machine says so (``steady``). Writes are atomic (a concurrent process reads all of a record or none); a record
 that cannot be read is measured again and rewritten.
 """
 
@@ -49,6 +49,10 @@ class StoredChoice:
     key: dict[str, Any]
     plan: KernelPlan
     measured_at: str
+    #: Whether its rounds were steady (``KernelPlan.steady``), and how many measurements
+    #: of this key it is the last of.
+    steady: bool = True
+    attempts: int = 1
 
 
 def load(parts: dict[str, Any]) -> StoredChoice | None:
@@ -56,12 +60,13 @@ def load(parts: dict[str, Any]) -> StoredChoice | None:
     return _read(choices_dir() / f"{digest(parts)}.json")
 
 
-def save(parts: dict[str, Any], plan: KernelPlan) -> StoredChoice | None:
+def save(parts: dict[str, Any], plan: KernelPlan, *, steady: bool = True,
+         attempts: int = 1) -> StoredChoice | None:
     """Write the record; None (logged) where the directory is not writable."""
     folder = choices_dir()
     measured_at = datetime.now(timezone.utc).isoformat(timespec="seconds")
     record = {"format": FORMAT, "key": parts, "plan": plan.to_json(),
-              "measured_at": measured_at}
+              "measured_at": measured_at, "steady": steady, "attempts": attempts}
     path = folder / f"{digest(parts)}.json"
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -72,7 +77,7 @@ def save(parts: dict[str, Any], plan: KernelPlan) -> StoredChoice | None:
         logger.warning("kernel choice not saved in %s (%s): the next start measures again; "
                        "set ENGINE_CACHE_DIR to a writable directory", folder, exc)
         return None
-    return StoredChoice(path, parts, plan, measured_at)
+    return StoredChoice(path, parts, plan, measured_at, steady, attempts)
 
 
 def _read(path: Path) -> StoredChoice | None:
@@ -81,7 +86,8 @@ def _read(path: Path) -> StoredChoice | None:
         if record.get("format") != FORMAT:
             return None
         return StoredChoice(path, dict(record["key"]), KernelPlan.from_json(record["plan"]),
-                            str(record.get("measured_at", "")))
+                            str(record.get("measured_at", "")),
+                            bool(record.get("steady", True)), int(record.get("attempts", 1)))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
