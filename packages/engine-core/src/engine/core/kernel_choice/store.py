@@ -1,11 +1,12 @@
 """Kernel choices kept on disk: ``<cache dir>/kernel_choices/<key>.json``.
 
-A record's key is a digest of everything the measurement depends on (``KeyParts``: the
+A record's key is a digest of everything the measurement depends on (the key parts: the
 CPU's model and flags, torch's version, the thread count, each candidate kernel with its
 distribution's version and a digest of its module's source, the layer's configuration,
 the row buckets), so any change measures again, and a record is read only where it was
-made for. A record measured on a busy machine says so (``steady``). Writes are atomic (a concurrent process reads all of a record or none); a record
-that cannot be read is measured again and rewritten.
+made for. A record measured on a busy machine says so (``steady``). Writes are atomic (a
+concurrent process reads all of a record or none); a record that cannot be read is
+measured again and rewritten.
 """
 
 from __future__ import annotations
