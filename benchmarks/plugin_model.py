@@ -8,7 +8,8 @@ intermediate 2560, vocab 8192; Qwen3's head_dim 64 = hidden / heads), same workl
 (64 prompts x 32 -> 128, greedy, EOS ignored), with the step graph and with
 ``--enforce-eager``. Every engine is started once (EngineCore in its own process, as
 ``LLM`` does by default) and the runs alternate between them ``--rounds`` times, so a
-busy machine slows them alike; the best and the median round of each are printed.
+busy machine slows them alike; the best and the median round of each are printed, and
+the ratio of each round's two runs (run one after the other).
 
     .venv/bin/python benchmarks/plugin_model.py                 # bfloat16, 5 rounds
     .venv/bin/python benchmarks/plugin_model.py --dtype float32 --rounds 9
@@ -97,6 +98,10 @@ def main() -> None:
             llama, qwen3 = pick(runs[("llama", mode)]), pick(runs[("qwen3", mode)])
             print(f"{mode:<6} {how:<7} llama (built-in) {llama:8.1f}  qwen3 (plugin) "
                   f"{qwen3:8.1f}  ratio {qwen3 / llama:.3f}")
+        pairs = [q / max(lm, 1e-9) for q, lm in zip(runs[("qwen3", mode)],
+                                                  runs[("llama", mode)], strict=True)]
+        print(f"{mode:<6} per-round ratios (runs side by side) "
+              f"{', '.join(f'{r:.3f}' for r in pairs)}; median {statistics.median(pairs):.3f}")
 
 
 if __name__ == "__main__":
