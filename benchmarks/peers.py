@@ -44,7 +44,10 @@ from typing import Any
 
 import isa_avx2
 
-PEERS_DIR = Path(__file__).resolve().parents[2] / "shared" / "peers"
+#: ``../shared/peers`` beside the checkout (or beside a directory above it: a worktree).
+PEERS_DIR = next((d / "shared" / "peers" for d in Path(__file__).resolve().parents[1:]
+                  if (d / "shared" / "peers").is_dir()),
+                 Path(__file__).resolve().parents[2] / "shared" / "peers")
 PEERS_HOME = Path(os.environ.get("ENGINE_PEERS", Path.home() / ".cache" / "engine-peers"))
 NUM_PROMPTS, PROMPT_LEN, OUTPUT_LEN = 64, 32, 128
 #: Where setup.sh builds llama.cpp's tools (``bench.sh``'s ``L``).
@@ -68,19 +71,21 @@ def peer_lines(*args: str, timeout: float = 1800) -> dict[str, dict[str, str]]:
     return found
 
 
-def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: str = "auto",
+def engine_offline(model: Path | None, threads: int | None, vocab: int = 8192,
+                   dtype: str = "auto", num_prompts: int = NUM_PROMPTS,
                    starts: list[float] | None = None, **options: Any) -> float:
     """Generated tokens per second of ``LLM.generate`` on the workload.
 
-    ``model`` None is the built-in default model; ``options`` go to ``LLM``. ``starts``
-    gets the seconds ``LLM()`` took to be ready.
+    ``model`` None is the built-in default model; ``threads`` None is the engine's own
+    choice; ``options`` go to ``LLM``. ``starts`` gets the seconds ``LLM()`` took to be
+    ready.
     """
     sys.path.insert(0, str(PEERS_DIR))
     from bench_common import make_prompts  # type: ignore[import-not-found]
 
     from engine.core import LLM, SamplingParams
 
-    prompts = [{"prompt_token_ids": p} for p in make_prompts(NUM_PROMPTS, PROMPT_LEN, vocab)]
+    prompts = [{"prompt_token_ids": p} for p in make_prompts(num_prompts, PROMPT_LEN, vocab)]
     params = SamplingParams(temperature=0, max_tokens=OUTPUT_LEN, min_tokens=OUTPUT_LEN,
                             ignore_eos=True)
     start = time.perf_counter()
@@ -95,7 +100,7 @@ def engine_offline(model: Path | None, threads: int, vocab: int = 8192, dtype: s
     return sum(len(o.outputs[0].token_ids) for o in outputs) / elapsed
 
 
-def llama_cpp_offline(gguf: Path, threads: int) -> float | None:
+def llama_cpp_offline(gguf: Path, threads: int, num_prompts: int = NUM_PROMPTS) -> float | None:
     """``llama-batched-bench`` on ``gguf`` with ``bench.sh``'s arguments: end-to-end tok/s."""
     home = Path(PEERS_ENV["ENGINE_PEERS"]) if PEERS_ENV else PEERS_HOME
     binary = home / LLAMA_CPP_BIN.relative_to(PEERS_HOME) / "llama-batched-bench"
@@ -103,12 +108,12 @@ def llama_cpp_offline(gguf: Path, threads: int) -> float | None:
         return None
     result = subprocess.run(
         [str(binary), "-m", str(gguf), "-c", "16384", "-b", "2048", "-ub", "512", "-npp",
-         str(PROMPT_LEN), "-ntg", str(OUTPUT_LEN), "-npl", str(NUM_PROMPTS), "-t", str(threads)],
+         str(PROMPT_LEN), "-ntg", str(OUTPUT_LEN), "-npl", str(num_prompts), "-t", str(threads)],
         capture_output=True, text=True, timeout=1800)
     for line in result.stdout.splitlines():
         cells = [c.strip() for c in line.split("|")]
         if len(cells) > 9 and cells[1] == str(PROMPT_LEN):  # | PP | TG | B | ... | T s | S t/s |
-            return NUM_PROMPTS * OUTPUT_LEN / float(cells[9])
+            return num_prompts * OUTPUT_LEN / float(cells[9])
     return None
 
 
@@ -150,6 +155,15 @@ def engine_serve(model: Path, threads: int, dtype: str, port: int = 8915) -> dic
     finally:
         server.terminate()
         server.wait(timeout=60)
+
+
+def cpu_description() -> tuple[str, list[str]]:
+    """The CPU's model name and which of the flags that matter here it has."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    name = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines()
+                 if line.startswith("model name")), "?")
+    return name, [f for f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "avx2")
+                  if f" {f}" in cpuinfo]
 
 
 def _float(values: dict[str, str], key: str) -> float | None:
@@ -195,10 +209,7 @@ def main() -> None:
                              ("vllm", served.get("vllm-serve", {}))):
             rows[name].update(http=_float(values, "out_tok_s"),
                               ttft=_float(values, "ttft_mean_ms"), ready=_float(values, "ready_s"))
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text()
-                .splitlines() if line.startswith("model name")), "?")
-    flags = Path("/proc/cpuinfo").read_text()
-    has = [f for f in ("avx512_bf16", "avx512_vnni", "amx_bf16", "avx2") if f" {f}" in flags]
+    cpu, has = cpu_description()
     if args.isa == "avx2":
         has = [f"every system restricted to AVX2 (--isa avx2) on a CPU with {' '.join(has)}"]
     dtype = args.dtype

@@ -18,6 +18,7 @@ import torch
 
 from engine.core.attention import TorchAttentionBackend
 from engine.core.config import EngineConfig
+from engine.core.cpu_threads import CpuAllowance
 from engine.core.distributed import (
     TensorParallelGroup,
     check_tensor_parallel,
@@ -225,8 +226,8 @@ def hf(heads: int, kv: int, intermediate: int = 128) -> SimpleNamespace:
 
 
 def test_validation_messages(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("engine.core.distributed.validation.os.sched_getaffinity",
-                        lambda pid: {0, 1})
+    monkeypatch.setattr("engine.core.distributed.validation.this_process",
+                        lambda: CpuAllowance(num_cpus=2, affinity=2))
     check_tensor_parallel(hf(4, 1), 2, CpuPlatform)  # one KV head, replicated
     check_tensor_parallel(hf(9, 3), 1, CpuPlatform)
     with pytest.raises(ValidationError, match="neither divides the model's 6 KV heads"):

@@ -164,7 +164,9 @@ class EngineConfig(BaseModel):
         "name or module:Class) serving response_format, structured_outputs and guided_*")
     seed: int = Field(0, description="seed of the engine's global random state")
     num_threads: int | None = Field(
-        None, ge=1, description="CPU threads for the model (default: all cores)")
+        None, ge=1, description="CPU threads for the model in each worker (default: the "
+        "CPUs this process may use, its affinity capped by its cgroup CPU quota, divided "
+        "among the tensor-parallel ranks)")
     chat_template: str | None = Field(
         None, description="a Jinja chat template (file path or the template itself) "
         "overriding the tokenizer's")

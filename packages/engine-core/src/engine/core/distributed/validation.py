@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from engine.core.cpu_threads import this_process
 from engine.core.distributed.sharding import heads_divide
 from engine.sdk.errors import ValidationError
 from engine.sdk.platform import Platform
@@ -13,7 +13,7 @@ from engine.sdk.platform import Platform
 def available_ranks(platform: type[Platform]) -> tuple[int, str]:
     """How many ranks this host can run (one per device, or per CPU core), and the unit."""
     if platform.device_type == "cpu":
-        return len(os.sched_getaffinity(0)), "CPU cores available to this process"
+        return this_process().num_cpus, "CPU cores available to this process"
     return platform.device_count(), f"{platform.name} devices"
 
 

@@ -34,6 +34,7 @@ from multiprocessing.connection import Connection, wait
 from multiprocessing.process import BaseProcess
 from typing import Any
 
+from engine.core.cpu_threads import yielding_waits
 from engine.core.executor.abstract import Executor, WorkerDiedError, rpc_error
 from engine.core.messages import CollectiveRpcError
 from engine.core.rpc.launch import describe_exit, make_socket_dir
@@ -118,7 +119,8 @@ class MultiprocExecutor(Executor):
             )
             process = context.Process(target=run_worker_process, args=(args, writer),
                                       name=f"EngineWorker-{rank}", daemon=False)
-            process.start()
+            with yielding_waits():  # inherited from EngineCore, unless it runs in process
+                process.start()
             writer.close()
             self.processes.append(process)
             readers.append(reader)

@@ -25,6 +25,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any
 
+from engine.core.cpu_threads import this_process, yielding_waits
 from engine.core.executor.abstract import Executor, WorkerDiedError, rpc_error
 from engine.core.startup import EngineSetup
 from engine.sdk.scheduler import ModelRunnerOutput, SchedulerOutput
@@ -188,7 +189,7 @@ class RayExecutor(Executor):
             logger.info("joining the Ray cluster at %s", address)
             ray.init(address=address, log_to_driver=True)
         else:
-            cpus = max(os.cpu_count() or 1, self.world_size)
+            cpus = max(this_process().num_cpus, self.world_size)
             logger.info("starting a local Ray instance (%d CPUs)", cpus)
             self._started_ray = True  # also when init fails half-way: shutdown() cleans up
             for attempt in (1, 2):
@@ -213,7 +214,8 @@ class RayExecutor(Executor):
         False when it timed out and may be tried again (not ``last``); raises anything else.
         """
         try:
-            self.ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
+            with yielding_waits():  # Ray's worker processes inherit its environment
+                self.ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=True)
             return True
         except Exception as exc:  # Ray raises a bare Exception for some of these
             if last or not is_ray_start_timeout(exc):

@@ -13,19 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import os
 import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from engine.core.cpu_threads import tokenizer_threads
 from engine.core.messages import EngineDeadError
 
 T = TypeVar("T")
-
-#: Threads by default: at least 2 (one long prompt must not hold up the others), at most
-#: 8, else one per core (the work is CPU-bound).
-DEFAULT_NUM_THREADS = max(2, min(8, os.cpu_count() or 1))
 
 _Job = tuple[Callable[[], Any], asyncio.AbstractEventLoop, "asyncio.Future[Any]"]
 
@@ -43,11 +39,14 @@ class TokenizerPool:
     """A fixed set of daemon threads that run tokenizer calls for async callers.
 
     Args:
-        num_threads: How many calls may run at once.
+        num_threads: How many calls may run at once; default: one per CPU this process
+            may use, within [2, 8] (``engine.core.cpu_threads.tokenizer_threads``).
         name: Thread name prefix (shown in stack dumps).
     """
 
-    def __init__(self, num_threads: int = DEFAULT_NUM_THREADS, name: str = "tokenizer") -> None:
+    def __init__(self, num_threads: int | None = None, name: str = "tokenizer") -> None:
+        if num_threads is None:
+            num_threads = tokenizer_threads()
         if num_threads < 1:
             raise ValueError(f"a tokenizer pool needs at least 1 thread, got {num_threads}")
         self.num_threads = num_threads

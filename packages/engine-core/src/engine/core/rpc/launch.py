@@ -38,6 +38,7 @@ from multiprocessing.process import BaseProcess
 from typing import Any
 
 from engine.core.config import EngineConfig
+from engine.core.cpu_threads import yielding_waits
 from engine.core.messages import EngineDeadError
 from engine.core.plugins import PluginManifest
 from engine.core.plugins._local import check_no_local_classes
@@ -184,7 +185,8 @@ class EngineLaunch:
         process = context.Process(target=run_engine_core_process,
                                   args=(args, ready_writer, settings_reader),
                                   name="EngineCore", daemon=False)  # daemons cannot fork
-        with huge_page_malloc():  # its weights and KV cache on huge pages (see the module)
+        # its weights and KV cache on huge pages, its idle threads yielding (see the modules)
+        with huge_page_malloc(), yielding_waits():
             process.start()
         ready_writer.close()
         settings_reader.close()

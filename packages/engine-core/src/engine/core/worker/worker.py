@@ -19,12 +19,12 @@ Lifecycle, as the executor drives it (one worker per tensor-parallel rank)::
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import torch
 from torch import nn
 
+from engine.core.cpu_threads import log_choice, model_threads
 from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
 from engine.core.native import native_kernels
@@ -82,8 +82,9 @@ class Worker:
             rank=rank, world_size=world_size)
         if self.device.type == "cpu":  # before the first oneDNN primitive (weight reorders)
             bound_onednn_caches()
-        cores = len(os.sched_getaffinity(0))
-        torch.set_num_threads(config.num_threads or max(1, cores // world_size))
+        threads = model_threads(config.num_threads, world_size)
+        log_choice(f"rank {rank} model", threads)
+        torch.set_num_threads(threads.num_threads)
         torch.manual_seed(config.seed)
         self.built: BuiltModel = build_model(
             catalog=setup.catalog, platform=setup.platform, hf_config=setup.hf_config,
