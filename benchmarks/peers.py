@@ -117,7 +117,7 @@ def llama_cpp_offline(gguf: Path, threads: int, num_prompts: int = NUM_PROMPTS) 
     return None
 
 
-def default_model_rows(threads: int, dtype: str) -> dict[str, dict[str, float | None]]:
+def default_model_rows(threads: int | None, dtype: str) -> dict[str, dict[str, float | None]]:
     """The built-in GGUF: the engine kept quantized and dequantized, llama.cpp on the file."""
     from engine.core.model_loader.default_model import default_model_path
 
@@ -127,17 +127,24 @@ def default_model_rows(threads: int, dtype: str) -> dict[str, dict[str, float | 
             best[name] = max(best[name], engine_offline(None, threads, DEFAULT_VOCAB, dtype,
                                                         **options))
     return {**{name: {"offline": rate} for name, rate in best.items()},
-            "llama.cpp": {"offline": llama_cpp_offline(default_model_path(), threads)}}
+            "llama.cpp": {"offline": llama_cpp_offline(default_model_path(),
+                                                       threads or os.cpu_count() or 1)}}
 
 
-def engine_serve(model: Path, threads: int, dtype: str, port: int = 8915) -> dict[str, str]:
-    """``engine serve`` under the peers' HTTP client; adds ``ready_s``."""
+def engine_serve(model: Path, threads: int | None, dtype: str, port: int = 8915,
+                 log: Path | None = None) -> dict[str, str]:
+    """``engine serve`` under the peers' HTTP client; adds ``ready_s``.
+
+    ``threads`` None is the engine's own choice; ``log``: where its output goes.
+    """
     command = [sys.executable, "-m", "engine.server.cli", "serve", str(model), "--dtype",
                dtype, "--port", str(port), "--served-model-name", model.name,
-               "--max-model-len", "2048", "--max-num-seqs", "256", "--num-threads",
-               str(threads)]
+               "--max-model-len", "2048", "--max-num-seqs", "256"]
+    if threads is not None:
+        command += ["--num-threads", str(threads)]
     start = time.perf_counter()
-    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    sink = subprocess.DEVNULL if log is None else log.open("w")
+    server = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         ready = None
@@ -155,6 +162,8 @@ def engine_serve(model: Path, threads: int, dtype: str, port: int = 8915) -> dic
     finally:
         server.terminate()
         server.wait(timeout=60)
+        if log is not None:
+            sink.close()
 
 
 def cpu_description() -> tuple[str, list[str]]:
@@ -176,7 +185,9 @@ def main() -> None:
     parser.add_argument("--model", default="llama-100m",
                         help="a checkpoint setup.sh built, or `default` (the built-in GGUF)")
     parser.add_argument("--serve", action="store_true", help="also measure over HTTP")
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="the engine's --num-threads (default: its own choice) and "
+                             "llama.cpp's on the default model (default: every CPU)")
     parser.add_argument("--dtype", default="auto",
                         help="the engine's --dtype (the peers run bf16); auto: the engine's "
                              "pick for this CPU (bfloat16 with avx512_bf16/AMX, else float32)")
@@ -216,8 +227,10 @@ def main() -> None:
     if dtype == "auto":
         from engine.core.platforms._builtin import CpuPlatform
         dtype = f"auto = {CpuPlatform.supported_dtypes()[0]}"
+    threads = (f"{args.threads} threads" if args.threads else
+               "the engine's own thread count")
     print(f"\n{args.model}: {NUM_PROMPTS} prompts x {PROMPT_LEN} -> {OUTPUT_LEN} tokens, greedy, "
-          f"peers bf16, engine {dtype}, {args.threads} threads; {cpu} ({', '.join(has)})")
+          f"peers bf16, engine {dtype}, {threads}; {cpu} ({', '.join(has)})")
     header = f"{'system':14s}{'offline tok/s':>15s}{'engine x':>10s}"
     if args.serve:
         header += f"{'HTTP tok/s':>12s}{'engine x':>10s}{'TTFT ms':>10s}{'ready s':>9s}"

@@ -145,7 +145,7 @@ def test_tokenizer_threads_follow_the_cpus(cpus: int, threads: int,
 @pytest.mark.parametrize("name", WAIT_SETTINGS)
 def test_the_operators_wait_setting_wins(name: str) -> None:
     assert wait_environment({name: "1"}) == {}
-    assert wait_environment({"OMP_NUM_THREADS": "2"}) == {"OMP_WAIT_POLICY": "PASSIVE"}
+    assert wait_environment({"OMP_NUM_THREADS": "2"}) == {"GOMP_SPINCOUNT": "10000"}
 
 
 def clear_wait_settings(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -157,8 +157,8 @@ def test_yielding_waits_restores_this_processs_environment(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clear_wait_settings(monkeypatch)
     with yielding_waits():
-        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in os.environ
+        assert os.environ["GOMP_SPINCOUNT"] == "10000"
+    assert "GOMP_SPINCOUNT" not in os.environ
     monkeypatch.setenv("OMP_WAIT_POLICY", "active")
     with yielding_waits():
         assert os.environ["OMP_WAIT_POLICY"] == "active"
@@ -178,9 +178,9 @@ linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"),
 
 @linux_only
 @pytest.mark.parametrize(("operator", "wanted"), [
-    ({}, {"OMP_WAIT_POLICY": "PASSIVE"}),
+    ({}, {"GOMP_SPINCOUNT": "10000"}),
     ({"OMP_WAIT_POLICY": "ACTIVE"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
-    ({"GOMP_SPINCOUNT": "10000"}, {"GOMP_SPINCOUNT": "10000"}),
+    ({"GOMP_SPINCOUNT": "300000"}, {"GOMP_SPINCOUNT": "300000"}),
 ])
 def test_the_engine_core_process_starts_with_yielding_waits(
         tiny_llama: Path, monkeypatch: pytest.MonkeyPatch, operator: dict[str, str],
@@ -202,5 +202,5 @@ def test_worker_processes_start_with_yielding_waits(tiny_llama: Path,
     with LLM(str(tiny_llama), in_process=True, distributed_executor_backend="mp",
              **OPTIONS) as llm:
         (process,) = llm.llm_engine.core.executor.processes
-        assert started_with(process.pid)["OMP_WAIT_POLICY"] == "PASSIVE"
-    assert "OMP_WAIT_POLICY" not in os.environ
+        assert started_with(process.pid)["GOMP_SPINCOUNT"] == "10000"
+    assert "GOMP_SPINCOUNT" not in os.environ

@@ -13,22 +13,22 @@ Go runtimes do). Every count below starts from that:
 
 :func:`model_threads` logs its decision once per process with the reason.
 
-Threads that wait yield their CPU. torch's CPU build runs its parallel regions on GNU
-OpenMP (``libgomp``, shared by oneDNN, MKL and the engine's C++ kernels), whose idle threads
-spin between regions by default (``GOMP_SPINCOUNT``: 300 000 rounds of ``pause``, 3-7 ms
-measured on a Sapphire Rapids). On a quiet machine a step's regions follow each other within
-that time, so a model thread never sleeps: it holds its core while the step's Python runs on
-another. When another process takes one of the cores, the spinning thread and the busy
-neighbour leave the thread that runs the step's Python and its share of each region a
-fraction of a core, and every region waits for the slowest thread: throughput fell to
-9-21% of the quiet machine's (benchmarks/README.md, issue 35). A waiting thread that
-sleeps at once gives its core back to whichever thread has work, and the kernel moves a
-straggler to the core it freed. So the processes the engine starts (EngineCore, its
-workers, a local Ray instance) get ``OMP_WAIT_POLICY=PASSIVE`` in their environment
-(:func:`yielding_waits`), which the OpenMP runtime reads once, when it loads with torch;
-an operator who set ``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME`` (Intel's
-runtime) keeps their choice. A process that has loaded torch already (the caller's, under
-``LLM(in_process=True)``) keeps the policy it started with.
+Threads that wait give their CPU back soon. torch's CPU build runs its parallel regions on
+GNU OpenMP (``libgomp``, shared by oneDNN, MKL and the engine's C++ kernels), whose idle
+threads spin between regions by default (``GOMP_SPINCOUNT``: 300 000 rounds of ``pause``,
+3-7 ms measured on a Sapphire Rapids): a model thread holds its core long after a step,
+while the step's Python or another process could use it. Sleeping at once
+(``OMP_WAIT_POLICY=PASSIVE``) costs more: every region then wakes its threads (a futex and,
+in a VM, an interrupt between CPUs), ~0.1 ms each on that machine, a quarter of the quiet
+throughput at batch 64 (benchmarks/README.md, issue 35). So the processes the engine
+starts (EngineCore, its workers, a local Ray instance) get ``GOMP_SPINCOUNT=10000`` in
+their environment (:func:`yielding_waits`): a spin of ~0.1-0.2 ms spans the Python between
+two regions of a step (1000 did not: as slow as sleeping) and ends soon after the step.
+The OpenMP runtime reads it once, when it loads with torch; an operator who set
+``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT`` or ``KMP_BLOCKTIME`` (Intel's runtime) keeps their
+choice. A process that has loaded torch already (the caller's, under
+``LLM(in_process=True)``) keeps the policy it started with. How many threads run each step
+follows the CPUs other processes leave free: :mod:`engine.core.thread_governor`.
 """
 
 from __future__ import annotations
@@ -56,8 +56,9 @@ MAX_TOKENIZER_THREADS = 8
 #: The OpenMP runtimes' settings of how an idle thread waits; an operator who set any of
 #: them has chosen, and the engine adds nothing.
 WAIT_SETTINGS = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
-#: What the engine's processes get where the operator chose nothing: idle threads sleep.
-YIELDING_WAITS = {"OMP_WAIT_POLICY": "PASSIVE"}
+#: What the engine's processes get where the operator chose nothing: idle threads spin
+#: ~0.1-0.2 ms, then sleep.
+YIELDING_WAITS = {"GOMP_SPINCOUNT": "10000"}
 
 
 @dataclass(frozen=True)

@@ -47,24 +47,27 @@ struct Args {
   }
   template <typename T>
   T* ptr(int i) const { return reinterpret_cast<T*>(a[i]); }
+  // The thread count recorded at i, capped at the run's.
+  int threads(int i) const { return a[i] < max_threads ? static_cast<int>(a[i]) : max_threads; }
+  int max_threads;
 };
 
 int run_op(int64_t kernel, const Args& x) {
   switch (kernel) {
     case kRmsNorm:
       return engine_rms_norm(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.p(5), x.a[6], x.a[7],
-                             x.f(8), x.i32(9));
+                             x.f(8), x.threads(9));
     case kRotaryEmbedding:
       return engine_rotary_embedding(x.i32(0), x.ptr<const int64_t>(1), x.a[2],
                                      x.ptr<const float>(3), x.a[4], x.a[5], x.i32(6), x.i32(7),
                                      x.p(8), x.a[9], x.a[10], x.i32(11), x.p(12), x.a[13],
-                                     x.a[14], x.i32(15), x.i32(16));
+                                     x.a[14], x.i32(15), x.threads(16));
     case kSiluAndMul:
       return engine_silu_and_mul(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.a[5], x.a[6],
-                                 x.i32(7));
+                                 x.threads(7));
     case kMatmul:
       return engine_matmul(x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.p(5), x.a[6], x.a[7],
-                           x.p(8), x.p(9), x.a[10], x.i32(11));
+                           x.p(8), x.p(9), x.a[10], x.threads(11));
     case kWriteKv:
       engine_write_kv(x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.a[5], x.a[6], x.p(7), x.p(8),
                       x.a[9], x.a[10], x.a[11], x.ptr<const int64_t>(12), x.a[13], x.i32(14),
@@ -75,7 +78,7 @@ int run_op(int64_t kernel, const Args& x) {
           x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.p(5), x.a[6], x.a[7], x.a[8],
           x.ptr<const int32_t>(9), x.a[10], x.ptr<const int32_t>(11), x.ptr<const int32_t>(12),
           x.a[13], x.p(14), x.a[15], x.a[16], x.i32(17), x.i32(18), x.i32(19), x.i32(20),
-          x.i32(21), x.f(22), x.i32(23));
+          x.i32(21), x.f(22), x.threads(23));
     case kCopyRows:
       return engine_copy_rows(x.p(0), x.a[1], x.p(2), x.a[3], x.a[4], x.a[5]);
     case kGatherRows:
@@ -132,13 +135,15 @@ int engine_gather_rows(const void* table, int64_t table_row, int64_t table_rows,
   return 0;
 }
 
-// Runs num_ops ops (kOpWidth int64s each, see the top of this file) for `rows` tokens.
-// Returns 0, or (index of the failing op + 1) * 256 + its status; the ops after it do not
-// run.
-int64_t engine_graph_run(const int64_t* ops, int64_t num_ops, int64_t rows) {
+// Runs num_ops ops (kOpWidth int64s each, see the top of this file) for `rows` tokens, each
+// on at most max_threads threads (fewer where it was recorded with fewer). Returns 0, or
+// (index of the failing op + 1) * 256 + its status; the ops after it do not run.
+int64_t engine_graph_run(const int64_t* ops, int64_t num_ops, int64_t rows,
+                         int max_threads) {
   for (int64_t i = 0; i < num_ops; ++i) {
     const int64_t* op = ops + i * kOpWidth;
     Args args;
+    args.max_threads = max_threads < 1 ? 1 : max_threads;
     std::memcpy(args.a, op + 2, sizeof args.a);
     for (int64_t j = 0; j < kMaxArgs; ++j)
       if (op[1] >> j & 1) args.a[j] *= rows;  // it holds the multiple of the token count

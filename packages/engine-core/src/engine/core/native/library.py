@@ -220,7 +220,7 @@ class NativeKernels:
         self._gather_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _I64]
         self._graph_run = lib.engine_graph_run
         self._graph_run.restype = _I64
-        self._graph_run.argtypes = [_P, _I64, _I64]
+        self._graph_run.argtypes = [_P, _I64, _I64, _I32]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
         #: Whether a float32 weight whose values are all bfloat16 values can be packed as
@@ -442,10 +442,12 @@ class NativeKernels:
     def run_graph(self, ops: torch.Tensor, rows: int) -> int:
         """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.
 
-        ``ops``: contiguous int64 ``[num_ops, GRAPH_OP_WIDTH]``. Returns 0, or (index of the
-        failing op + 1) * 256 + that kernel's status.
+        ``ops``: contiguous int64 ``[num_ops, GRAPH_OP_WIDTH]``. Each kernel runs on at most
+        ``torch.get_num_threads()`` threads, fewer where it was recorded with fewer. Returns
+        0, or (index of the failing op + 1) * 256 + that kernel's status.
         """
-        return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows))
+        return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows,
+                                   torch.get_num_threads()))
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
         """Call ``entry``, or hand the call to the recorder while a graph is recorded."""

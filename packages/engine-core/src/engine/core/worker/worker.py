@@ -32,6 +32,7 @@ from engine.core.plugin_construction import construct_plugin, logits_processor_c
 from engine.core.plugin_faults import ForwardAttribution
 from engine.core.sample.faults import LogitsFaults
 from engine.core.startup import EngineSetup
+from engine.core.thread_governor import follow_free_cpus
 from engine.core.worker.cuda_graphs import capture_sizes, try_capture_cuda
 from engine.core.worker.gpu_memory import kv_cache_budget, profile_step_peak
 from engine.core.worker.input_batch import InputBatch
@@ -85,6 +86,8 @@ class Worker:
         threads = model_threads(config.num_threads, world_size)
         log_choice(f"rank {rank} model", threads)
         torch.set_num_threads(threads.num_threads)
+        self._governor = (follow_free_cpus(threads.num_threads)
+                          if self.device.type == "cpu" and config.num_threads is None else None)
         torch.manual_seed(config.seed)
         self.built: BuiltModel = build_model(
             catalog=setup.catalog, platform=setup.platform, hf_config=setup.hf_config,
@@ -292,6 +295,8 @@ class Worker:
         """
         if self.model_runner is None:
             raise RuntimeError("execute_model before initialize_cache: no KV cache yet")
+        if self._governor is not None:
+            self._governor.before_step()
         return self.model_runner.execute_model(scheduler_output)
 
     def shutdown(self) -> None:
