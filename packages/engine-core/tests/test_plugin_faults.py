@@ -21,6 +21,8 @@ import pytest
 
 from engine.core import LLM, SamplingParams
 from engine.core.outputs import RequestOutput
+from engine.core.plugin_faults import ForwardAttribution
+from engine.core.plugins import PluginEntry
 from engine.testing.engine import assert_kv_pool_full
 from engine.testing.test_plugins import put_on_path
 
@@ -175,3 +177,41 @@ def test_the_docs_rows_failed_example_fails_only_its_row(
         check(outputs, reference, [1], r"plugin 'rows_failed:CapLogits' \(group "
               r"engine\.logits_processors, .*\): apply\(\) raised cap must be > 0, got -1 "
               r"\(for this request only\)", engine)
+
+
+class Catalog:
+    """The one method ForwardAttribution reads, over the given entries."""
+
+    def __init__(self, *entries: PluginEntry) -> None:
+        self.entries = entries
+
+    def allowed(self, group: str) -> list[PluginEntry]:
+        return [e for e in self.entries if e.group == group]
+
+
+def raised_in(module: str) -> BaseException:
+    """An exception whose innermost frame is in a module named ``module``."""
+    namespace: dict[str, Any] = {"__name__": module}
+    exec("def fail():\n    raise RuntimeError('x')", namespace)  # noqa: S102 - test frame
+    try:
+        namespace["fail"]()
+    except RuntimeError as exc:
+        return exc
+    raise AssertionError("unreachable")
+
+
+def test_a_frame_is_named_by_its_own_package_never_by_the_shared_engine_namespace() -> None:
+    """``engine`` is a namespace package: an engine bug in ``engine.core`` names no plugin
+    even with a plugin installed under ``engine.kernels``; that plugin's other modules do."""
+    kernels = PluginEntry(group="engine.linear_kernels", name="fast",
+                          value="engine.kernels.fast_linear:FastKernel",
+                          distribution="engine-kernels", version="1.0")
+    acme = PluginEntry(group="engine.custom_ops", name="rms_norm",
+                       value="acme_plugins.ops.norm:RMSNorm", distribution="acme", version="1")
+    attribution = ForwardAttribution(Catalog(kernels, acme))  # type: ignore[arg-type]
+    assert attribution.plugin_of(raised_in("engine.core.worker.model_runner")) is None
+    assert attribution.plugin_of(raised_in("engine.sdk.linear")) is None
+    assert attribution.plugin_of(raised_in("engine.kernels.helpers")) is kernels
+    assert attribution.plugin_of(raised_in("engine.kernels.fast_linear")) is kernels
+    assert attribution.plugin_of(raised_in("acme_plugins.util")) is acme
+    assert attribution.plugin_of(raised_in("torch.nn.functional")) is None

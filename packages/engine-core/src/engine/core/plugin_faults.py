@@ -17,6 +17,7 @@ An exception no plugin can be named for is an engine bug and still stops the eng
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 from types import TracebackType
 from typing import Any, TypeVar
@@ -106,7 +107,9 @@ class ForwardAttribution:
 
     def __init__(self, catalog: PluginCatalog) -> None:
         self._by_module: dict[str, PluginEntry] = {}
-        self._by_package: dict[str, PluginEntry] = {}  # top-level package -> first entry
+        # every package an entry's module is in -> the first such entry; looked up by a
+        # frame's root package (:func:`root_package`), never by a shared namespace
+        self._by_package: dict[str, PluginEntry] = {}
         self._by_value: dict[str, PluginEntry] = {}  # "module:Class" -> its entry
         for group in FORWARD_GROUPS:
             for entry in catalog.allowed(group):
@@ -114,7 +117,9 @@ class ForwardAttribution:
                     module = entry.value.partition(":")[0]
                     self._by_value.setdefault(entry.value, entry)
                     self._by_module.setdefault(module, entry)
-                    self._by_package.setdefault(module.partition(".")[0], entry)
+                    parts = module.split(".")
+                    for end in range(1, len(parts)):
+                        self._by_package.setdefault(".".join(parts[:end]), entry)
 
     def plugin_of(self, exc: BaseException) -> PluginEntry | None:
         """The entry whose module (or a submodule's package) holds the innermost frame."""
@@ -155,4 +160,21 @@ class ForwardAttribution:
             if entry is not None:
                 return entry
             name = name.rpartition(".")[0]
-        return self._by_package.get(module.partition(".")[0])
+        return self._by_package.get(root_package(module))
+
+
+def root_package(module: str) -> str:
+    """The outermost package of loaded ``module`` that is not a namespace package.
+
+    ``acme_plugins.kernels.util`` -> ``acme_plugins``; ``engine.kernels.triton`` ->
+    ``engine.kernels``: ``engine`` is the PEP 420 namespace the engine's distributions (and
+    any plugin that chooses it) share, so it names none of them. A module not loaded
+    (not in ``sys.modules``) counts as a regular package.
+    """
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        name = ".".join(parts[:end])
+        loaded = sys.modules.get(name)
+        if loaded is None or getattr(loaded, "__file__", None) is not None:
+            return name
+    return module
