@@ -192,7 +192,7 @@ class Catalog:
 def raised_in(module: str) -> BaseException:
     """An exception whose innermost frame is in a module named ``module``."""
     namespace: dict[str, Any] = {"__name__": module}
-    exec("def fail():\n    raise RuntimeError('x')", namespace)  # noqa: S102 - test frame
+    exec("def fail():\n    raise RuntimeError('x')", namespace)
     try:
         namespace["fail"]()
     except RuntimeError as exc:
