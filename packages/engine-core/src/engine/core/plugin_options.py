@@ -196,9 +196,15 @@ def _choice_reason(chosen: str | None, name: str, flag: str, kind: str, who: str
 
 
 def _default_attention_backend(setup: EngineSetup) -> str | None:
-    """The backend the workers will pick when ``--attention-backend`` is not given."""
+    """The backend the workers will pick when ``--attention-backend`` is not given.
+
+    None where only the workers can tell: they measure the candidates on the CPU
+    (``--kernel-selection measured``, ``engine.core.kernel_choice.attention_selection``).
+    """
     from engine.core.worker.model_setup import probe_attention_spec
 
+    if setup.config.kernel_selection == "measured" and setup.platform.device_type == "cpu":
+        return None
     try:
         spec = probe_attention_spec(setup.hf_config, setup.dtype, setup.block_size,
                                     setup.config.tensor_parallel_size)

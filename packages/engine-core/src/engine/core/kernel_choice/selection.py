@@ -64,14 +64,20 @@ def _source_digest(path: str | None) -> str:
         return ""
 
 
-def _identity(kernel: type[LinearKernel], version: str) -> list[str]:
-    """What a kernel's timings depend on: its name, class, distribution, source."""
+def identity(name: str, cls: type, version: str) -> list[str]:
+    """What a candidate's timings depend on: its name, class, distribution, source."""
     try:
-        source = inspect.getsourcefile(kernel)
+        source = inspect.getsourcefile(cls)
     except TypeError:
         source = None
-    return [label(kernel), f"{kernel.__module__}:{kernel.__qualname__}", version,
-            _source_digest(source)]
+    return [name, f"{cls.__module__}:{cls.__qualname__}", version, _source_digest(source)]
+
+
+def machine_key() -> dict[str, Any]:
+    """What every measurement here depends on besides its candidates and shapes."""
+    flags = hashlib.sha256(cpu_flags().encode()).hexdigest()[:16]
+    return {"cpu": cpu_model(), "cpu_flags": flags, "torch": torch.__version__,
+            "threads": torch.get_num_threads()}
 
 
 def eligible_kernels(kernels: Sequence[type[LinearKernel]], info: PlatformInfo,
@@ -131,47 +137,59 @@ class MeasuredSelector:
     def key(self, config: LinearKernelConfig,
             eligible: Sequence[type[LinearKernel]]) -> dict[str, Any]:
         """What a decision for ``config`` depends on (see ``store``)."""
-        return {"device": self.info.name, "cpu": cpu_model(),
-                "cpu_flags": hashlib.sha256(cpu_flags().encode()).hexdigest()[:16],
-                "torch": torch.__version__, "threads": torch.get_num_threads(),
-                "kernels": [_identity(k, self.versions.get(label(k), "")) for k in eligible],
+        return {"device": self.info.name, **machine_key(),
+                "kernels": [identity(label(k), k, self.versions.get(label(k), ""))
+                            for k in eligible],
                 "config": asdict(config),
                 "buckets": [[b.lower, b.upper, b.rows] for b in self.buckets]}
 
     def _plan(self, config: LinearKernelConfig,
               eligible: Sequence[type[LinearKernel]]) -> KernelPlan | None:
-        parts = self.key(config, eligible)
-        found = store.load(parts)
-        if found is not None and (found.steady or found.attempts >= MAX_ATTEMPTS):
-            logger.info("linear kernel for %s: %s (measured %s, kept in %s)",
-                        config.describe(), found.plan.describe(), found.measured_at,
-                        found.path)
-            return found.plan
-        start = time.perf_counter()
-        timings, failed = time_kernels(eligible, config, self.buckets)
-        for name, reason in failed.items():
-            logger.warning("linear kernel %s%s left out of the measured choice for %s: %s",
-                           name, self._provider(name), config.describe(), reason)
-        if not timings:
-            return None
-        plan = choose(timings, self.buckets, [label(k) for k in eligible], failed)
-        took = time.perf_counter() - start
-        steady = plan.steady(STEADY_SPREAD)
-        attempts = 1 + (found.attempts if found is not None else 0)
-        saved = store.save(parts, plan, steady=steady, attempts=attempts)
-        kept = f", kept in {saved.path}" if saved else ""
-        if not steady:
-            again = ("the next start measures again" if attempts < MAX_ATTEMPTS else
-                     f"kept after {attempts} tries: `engine kernels clear` measures again")
-            kept += (f"; its rounds differed by more than {round((STEADY_SPREAD - 1) * 100)}%"
-                     f": the machine is busy, so {again}")
-        logger.info("linear kernel for %s: %s (measured in %.2f s%s)", config.describe(),
-                    plan.describe(), took, kept)
-        return plan
+        def measure() -> KernelPlan | None:
+            timings, failed = time_kernels(eligible, config, self.buckets)
+            for name, reason in failed.items():
+                logger.warning("linear kernel %s%s left out of the measured choice for %s: "
+                               "%s", name, self._provider(name), config.describe(), reason)
+            if not timings:
+                return None
+            return choose(timings, self.buckets, [label(k) for k in eligible], failed)
+
+        return decide(self.key(config, eligible), f"linear kernel for {config.describe()}",
+                      measure)
 
     def _provider(self, name: str) -> str:
         version = self.versions.get(name)
         return f" ({version})" if version else ""
+
+
+def decide(parts: dict[str, Any], what: str,
+           measure: Callable[[], KernelPlan | None]) -> KernelPlan | None:
+    """The plan kept on disk for ``parts``, else ``measure()``'s, kept (logged as ``what``).
+
+    A record made on a busy machine is measured again, up to ``MAX_ATTEMPTS`` times in all.
+    None where ``measure`` found nothing to choose from.
+    """
+    found = store.load(parts)
+    if found is not None and (found.steady or found.attempts >= MAX_ATTEMPTS):
+        logger.info("%s: %s (measured %s, kept in %s)", what, found.plan.describe(),
+                    found.measured_at, found.path)
+        return found.plan
+    start = time.perf_counter()
+    plan = measure()
+    if plan is None:
+        return None
+    took = time.perf_counter() - start
+    steady = plan.steady(STEADY_SPREAD)
+    attempts = 1 + (found.attempts if found is not None else 0)
+    saved = store.save(parts, plan, steady=steady, attempts=attempts)
+    kept = f", kept in {saved.path}" if saved else ""
+    if not steady:
+        again = ("the next start measures again" if attempts < MAX_ATTEMPTS else
+                 f"kept after {attempts} tries: `engine kernels clear` measures again")
+        kept += (f"; its rounds differed by more than {round((STEADY_SPREAD - 1) * 100)}%"
+                 f": the machine is busy, so {again}")
+    logger.info("%s: %s (measured in %.2f s%s)", what, plan.describe(), took, kept)
+    return plan
 
 
 def make_selector(kind: KernelSelection, kernels: Sequence[type[LinearKernel]],

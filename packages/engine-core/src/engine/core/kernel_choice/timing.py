@@ -164,12 +164,13 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
                 layers = _layers(config, dtype, copies)
         rounds = [_time_bucket(instances, probe[:bucket.rows], bucket) for bucket in buckets]
     timings = [Timing(name, tuple(min(r[name]) for r in rounds),
-                      tuple(_spread(r[name]) for r in rounds), keeps[name])
+                      tuple(round_spread(r[name]) for r in rounds), keeps[name])
                for name in instances]
     return timings, failed
 
 
-def _spread(times: list[float]) -> float:
+def round_spread(times: list[float]) -> float:
+    """The second-best round over the best (1.0 with one round)."""
     ordered = sorted(times)
     return ordered[1] / ordered[0] if len(ordered) > 1 and ordered[0] > 0 else 1.0
 

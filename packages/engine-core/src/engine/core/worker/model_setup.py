@@ -19,6 +19,7 @@ from torch import nn
 from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.kernel_choice import KernelSelection
+from engine.core.kernel_choice.attention_selection import measured_attention_backend
 from engine.core.kernel_choice.selection import make_selector
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
@@ -201,8 +202,14 @@ def build_model(
     choice = model_choice or choose_model(catalog, architectures_of(hf_config))
     model_cls: type[nn.Module] = catalog.load_resolved(choice.entry)
     spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
-    backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     backend_name = attention_backend or platform.default_attention_backend(spec)
+    if attention_backend is None and kernel_selection == "measured":
+        measured = measured_attention_backend(catalog, platform, spec, dtype,
+                                              default=backend_name, step_tokens=step_tokens,
+                                              options=options)
+        if measured != backend_name:
+            attention_backend = backend_name = measured
+    backend = resolve_attention_backend(catalog, platform, spec, attention_backend)
     factory = LayerFactory(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         backend_options=validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,

@@ -1,7 +1,7 @@
-"""``engine kernels list|clear``: the linear-kernel choices measured on this machine.
+"""``engine kernels list|clear``: the kernel choices measured on this machine.
 
-With ``--kernel-selection measured`` (the default) the engine times the kernels that can
-run each layer shape and keeps each decision in the cache directory
+With ``--kernel-selection measured`` (the default) the engine times the linear kernels that
+can run each layer shape, and the attention backends that can serve the model, and keeps each decision in the cache directory
 (``engine.core.kernel_choice.store``); ``list`` shows them, ``clear`` removes them so the
 next start measures again (after a BIOS change, say, or a machine that was busy when it
 measured).
@@ -19,7 +19,8 @@ from engine.server.cli._logging_args import add_log_level
 
 DESCRIPTION = (
     "With --kernel-selection measured (the default), an engine times the linear kernels "
-    "that can run each layer shape on this machine and keeps each decision in the cache "
+    "that can run each layer shape, and the attention backends that can serve the model, "
+    "on this machine and keeps each decision in the cache "
     "directory ($ENGINE_CACHE_DIR, else ~/.cache/engine) for later starts. list shows them; "
     "clear removes them, so the next start measures again (after the machine was busy "
     "while it measured, say).")
@@ -35,8 +36,9 @@ def add_parser(commands: Any) -> None:
     sub = parser.add_subparsers(dest="kernels_command", metavar="SUBCOMMAND")
     sub.required = True
     lister = sub.add_parser("list", parents=[common], formatter_class=HelpFormatter,
-                            help="one line per layer shape: the kernel of each row bucket, "
-                                 "with the times it was chosen from")
+                            help="one entry per layer shape (and attention spec): the "
+                                 "kernel of each row bucket, with the times it was chosen "
+                                 "from")
     lister.add_argument("--json", action="store_true", help="machine-readable output")
     lister.set_defaults(handler=_list)
     clearer = sub.add_parser("clear", parents=[common], formatter_class=HelpFormatter,
@@ -56,13 +58,22 @@ def _list(args: argparse.Namespace) -> int:
         return 0
     print(f"kernel choices kept in {store.choices_dir()}:")
     for record in records:
-        config = record.key.get("config", {})
-        shape = (f"{config.get('scheme')} {config.get('weight_dtype')} "
-                 f"[{config.get('input_size')} -> {config.get('output_size')}]"
-                 + (" bias" if config.get("has_bias") else ""))
-        print(f"- {shape}, {record.key.get('threads')} threads, {record.key.get('cpu')}, "
-              f"measured {record.measured_at}:\n    {record.plan.describe()}")
+        print(f"- {_subject(record.key)}, {record.key.get('threads')} threads, "
+              f"{record.key.get('cpu')}, measured {record.measured_at}:\n"
+              f"    {record.plan.describe()}")
     return 0
+
+
+def _subject(key: dict[str, Any]) -> str:
+    """What a record chose for: a linear layer shape, or the attention of a layer spec."""
+    if key.get("what") == "attention":
+        spec = key.get("spec", {})
+        return (f"attention heads={spec.get('num_heads')}/{spec.get('num_kv_heads')} "
+                f"head_size={spec.get('head_size')} {spec.get('dtype')}")
+    config = key.get("config", {})
+    return (f"{config.get('scheme')} {config.get('weight_dtype')} "
+            f"[{config.get('input_size')} -> {config.get('output_size')}]"
+            + (" bias" if config.get("has_bias") else ""))
 
 
 def _clear(args: argparse.Namespace) -> int:
