@@ -1,6 +1,7 @@
 // The bfloat16 packed product on AMX tiles (Sapphire Rapids and later): what
-// engine_packed_matmul runs from kAmxRows rows up where this build has AMX (-march=native
-// defines __AMX_TILE__ and __AMX_BF16__) and Linux lets the process use the tiles.
+// engine_packed_matmul and engine_matmul run for bfloat16 panels, every row count, where
+// this build has AMX (-march=native defines __AMX_TILE__ and __AMX_BF16__) and Linux lets
+// the process use the tiles; elsewhere the avx512_bf16 panels (packed_matmul.cpp) run.
 //
 // No repacking: packed_matmul.cpp's bfloat16 layout with AVX-512 is, per tile of 32
 // columns, K / 2 groups of 32 columns x 2 weights (128 bytes), so a tile's 16 groups from
@@ -16,9 +17,22 @@
 // pairs. Blocks are split over the threads as packed_matmul.cpp splits its (tile, row
 // block) items: passes of kPassRows rows, consecutive items sharing a tile.
 //
-// Threshold (kAmxRows), measured on a 2-core Sapphire Rapids VM (avx512_bf16, amx_bf16),
-// the benchmark model's layer shapes, 12 weight copies (weights from memory), 2 threads,
-// us per product, avx512_bf16 panels / AMX / oneDNN: see AMX_MEASURED below.
+// Used at every row count, no threshold: measured on a 2-core Sapphire Rapids VM
+// (avx512_bf16, amx_bf16/int8/tile), the benchmark model's layer shapes, 12 weight copies
+// cycled (weights from memory), 2 threads, best of 15, µs per product, avx512_bf16 panels
+// / AMX / oneDNN (torch.ops.mkldnn, AMX too):
+//   768->1280   4 rows 58 / 43 / 66,   16 rows 165 / 44 / 70,   64 rows 599 / 73 / 106,
+//               512 rows 4696 / 491 / 396
+//   768->5120   4 rows 485 / 174 / 308, 64 rows 2720 / 441 / 486, 512 rows 19130 / 2106 / 1447
+//   2560->768   4 rows 117 / 79 / 117,  64 rows 1279 / 126 / 263, 512 rows 9478 / 857 / 1956
+//   768->8192  64 rows 4276 / 725 / 743, 512 rows 31041 / 3490 / 3067
+// the whole step's products (49): 4 rows 9.1 / 4.3 / 7.0 ms, 16 rows 18.8 / 4.9 / 7.4,
+// 64 rows 63.5 / 8.9 / 11.8, 512 rows 464 / 48 / 54. At 1-3 rows AMX on the panels beats
+// small_matmul.cpp's loop on the dense weight too (1 row: 768->1280 41-47 µs vs 48-55,
+// 768->5120 214-260 vs 351-401, 2560->768 86-92 vs 110-115), so engine_matmul (graph.cpp)
+// sends every bfloat16 row count here. Below oneDNN: 512+ rows of the wide shapes
+// (0.7-0.9x; ~1.1 TFLOP/s a core against its ~1.5: each K step's four tile loads come
+// from L2 here, where oneDNN keeps one operand in L1).
 #include <omp.h>
 
 #include <cstdint>
