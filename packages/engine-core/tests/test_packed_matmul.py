@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import platform
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 
+from engine.core import machine
 from engine.core.model_executor.linear_kernels import CpuLinearKernel
 from engine.core.native import native_kernels
-from engine.core.native.library import SMALL_MATMUL_ROWS, packed_matmul_size
+from engine.core.native.library import SMALL_MATMUL_ROWS, packed_matmul_size, target_arch
 from engine.sdk.linear_kernel import LinearKernelConfig
 
 NATIVE = native_kernels()
@@ -70,6 +74,55 @@ def test_packed_matmul_against_float64(dtype: torch.dtype, n: int, k: int) -> No
         assert (whole[:, n:] == 7).all()  # nothing written past the row's end
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("k", [32, 64, 96, 50, 768, 2560])  # 50: K blocks of 32 and a tail
+def test_packed_matmul_across_row_counts_and_tails(dtype: torch.dtype, threads: int,
+                                                   k: int) -> None:
+    """Every row count the loops block differently against a float32 reference.
+
+    With AMX (``amx_bfloat16``) bfloat16 runs on tiles of 16 rows x 32 K values x 16
+    columns, blocks of 32 rows: 1, 3, 15 rows pad one tile, 17 and 33 a second or third
+    one, 513 crosses passes of 256; N = 40 and 1000 end inside a tile's second half of
+    16 columns, 1000 inside its first; K = 50 has a K block of 9 pairs. Elsewhere the same
+    shapes cross the panels' row blocks.
+    """
+    assert NATIVE is not None
+    gen = torch.Generator().manual_seed(k * threads)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        for n in (40, 1000):
+            weight = torch.randn(n, k, generator=gen).to(dtype)
+            bias = torch.randn(n, generator=gen).to(dtype)
+            packed = NATIVE.pack_matmul_weight(weight)
+            for rows in (1, 3, 15, 16, 17, 33, 64, 100, 513):
+                x = torch.randn(rows, k + 6, generator=gen).to(dtype)[:, :k]  # rows k + 6 apart
+                whole = torch.full((rows, n + 24), 7.0, dtype=dtype)
+                out = whole[:, :n]  # rows n + 24 apart
+                for b in (bias, None):
+                    NATIVE.packed_matmul(x, packed, n, b, out)
+                    want = x.float() @ weight.float().T + (0 if b is None else b.float())
+                    # float32 sums in another order; bfloat16 rounds the result (2 ** -8).
+                    tol = 1e-5 if dtype == torch.float32 else 2 ** -8
+                    err = (out.float() - want).abs().max().item()
+                    assert err <= tol * want.abs().max().item(), (n, rows, b is None, err)
+                assert (whole[:, n:] == 7).all()  # nothing written past the row's end
+    finally:
+        torch.set_num_threads(previous)
+
+
+@needs_bfloat16
+def test_bfloat16_panels_use_amx_where_the_cpu_has_it() -> None:
+    """A build for a CPU with amx_bf16 multiplies on the tiles (Linux >= 5.16 allows them)."""
+    assert NATIVE is not None
+    flags = set(machine.cpu_flags().split())
+    release = tuple(int(p) for p in re.findall(r"\d+", platform.release())[:2])
+    expected = ({"amx_bf16", "amx_tile"} <= flags and release >= (5, 16)
+                and target_arch() == "native")
+    assert NATIVE.amx_bfloat16 == expected
+
+
 def test_packed_matmul_refuses_what_it_would_misread() -> None:
     assert NATIVE is not None
     weight = torch.randn(16, 32, dtype=DTYPE)
@@ -107,11 +160,16 @@ def test_cpu_kernel_packs_once_and_runs_the_packed_product_above_three_rows() ->
     # Which loop runs: with the dense weight zeroed after packing, the small-batch loop
     # (which reads it) gives the bias alone, the packed one (which reads the panels) the
     # product. The choice is made in C (engine_matmul), as a recorded step graph makes it.
+    # bfloat16 panels on AMX take every row count.
     weight = weight.clone()
     layer.weight.data.zero_()
+    amx = DTYPE == torch.bfloat16 and NATIVE is not None and NATIVE.amx_bfloat16
     for rows in (1, SMALL_MATMUL_ROWS):
         x = torch.randn(rows, 48, dtype=DTYPE)
-        assert torch.equal(kernel.apply(layer, x, bias), bias.expand(rows, 80))
+        if amx:
+            torch.testing.assert_close(kernel.apply(layer, x, bias), F.linear(x, weight, bias))
+        else:
+            assert torch.equal(kernel.apply(layer, x, bias), bias.expand(rows, 80))
     for rows in (SMALL_MATMUL_ROWS + 1, 64):
         x = torch.randn(rows, 48, dtype=DTYPE)
         torch.testing.assert_close(kernel.apply(layer, x, bias), F.linear(x, weight, bias))

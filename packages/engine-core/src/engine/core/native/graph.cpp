@@ -16,6 +16,7 @@
 #include <cstring>
 
 #include "kernels.h"
+#include "numerics.h"
 
 namespace {
 
@@ -94,11 +95,15 @@ int run_op(int64_t kernel, const Args& x) {
 extern "C" {
 
 // out [M, N] = x [M, K] W^T + bias: engine_small_matmul on the dense W for 1..3 rows (where
-// this build has that dtype), else engine_packed_matmul on W's panels (null: none). Returns
-// their status, or 4 when neither takes M rows here.
+// this build has that dtype), else engine_packed_matmul on W's panels (null: none); bfloat16
+// panels on AMX for every row count (amx_matmul.cpp: faster than the dense loop from 1 row).
+// Returns their status, or 4 when neither takes M rows here.
 int engine_matmul(int dtype, const void* x, int64_t x_row, int64_t M, const void* w,
                   const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                   int64_t out_row, int num_threads) {
+  if (packed != nullptr && dtype == kBFloat16 &&
+      engine_amx_packed_matmul(x, x_row, M, packed, N, K, bias, out, out_row, num_threads) == 0)
+    return 0;
   if (M >= 1 && M <= kSmallRows && w != nullptr && (engine_small_matmul_dtypes() >> dtype & 1))
     return engine_small_matmul(dtype, x, x_row, M, w, N, K, bias, out, out_row, num_threads);
   if (packed != nullptr)

@@ -50,6 +50,11 @@ int engine_packed_matmul(int dtype, const void* x, int64_t x_row, int64_t M,
                          const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                          int64_t out_row, int num_threads);
 
+// amx_matmul.cpp
+int engine_amx_packed_matmul(const void* x, int64_t x_row, int64_t M, const void* packed,
+                             int64_t N, int64_t K, const void* bias, void* out,
+                             int64_t out_row, int num_threads);
+
 // gguf_dequant.cpp
 int engine_gguf_dequant(int type, const uint8_t* blocks, int64_t num_blocks, int dtype,
                         void* out, int num_threads);

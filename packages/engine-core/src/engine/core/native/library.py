@@ -46,6 +46,7 @@ SOURCES = {
     # Intrinsics only; float32 sums in its own order, as any matmul kernel.
     Path(__file__).with_name("small_matmul.cpp"): (),
     Path(__file__).with_name("packed_matmul.cpp"): (),
+    Path(__file__).with_name("amx_matmul.cpp"): (),
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
     # The step graph's interpreter and its copies (engine.core.native.graph).
@@ -230,6 +231,13 @@ class NativeKernels:
         #: Dtypes ``small_matmul`` has a kernel for on this CPU (float32 needs AVX-512 or
         #: AVX2 and FMA, bfloat16 avx512_bf16); empty elsewhere.
         self.small_matmul_dtypes = _dtypes_in(lib.engine_small_matmul_dtypes())
+        amx = lib.engine_amx_packed_matmul
+        amx.restype = _I32
+        amx.argtypes = [_P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32]
+        #: Whether bfloat16 panels are multiplied on AMX tiles (a build for a CPU with
+        #: amx_bf16, the process allowed to use them): ``packed_matmul`` and ``matmul``
+        #: then take them at every row count (amx_matmul.cpp). Asked with no rows.
+        self.amx_bfloat16 = amx(None, 0, 0, None, 0, 0, None, None, 0, 1) == 0
 
     def rms_norm(self, x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor,
                  eps: float) -> None:
@@ -369,8 +377,8 @@ class NativeKernels:
 
         ``x``: ``[M, K]``, any M >= 1; ``out``: ``[M, n]``; rows of both contiguous;
         ``bias``: ``[n]`` or None. One dtype (bfloat16 ``packed`` for float32 ``x``: packed
-        ``as_bfloat16``). Sums in float32 over K in order, the bias added before the one
-        rounding to the dtype.
+        ``as_bfloat16``). Sums in float32 over K in order (on AMX, ``amx_bfloat16``: in
+        the tiles' order), the bias added before the one rounding to the dtype.
         """
         k = x.shape[1] if x.dim() == 2 else -1
         code = self._check_panels("packed_matmul", x.dtype, k, packed, n)
@@ -385,7 +393,8 @@ class NativeKernels:
         ``SMALL_MATMUL_ROWS`` rows where its dtype is built, else ``packed_matmul`` on
         ``panels`` (``pack_matmul_weight(weight)``; None: only the small rows are taken).
         Panels packed ``as_bfloat16`` take every row count (at 1-3 rows they read half the
-        bytes the dense float32 weight would). What the ``cpu`` linear kernel calls: the
+        bytes the dense float32 weight would), and so do bfloat16 panels on AMX
+        (``amx_bfloat16``: faster from 1 row). What the ``cpu`` linear kernel calls: the
         choice is made in the library, so a recorded step graph makes it again for each
         step's rows.
         """

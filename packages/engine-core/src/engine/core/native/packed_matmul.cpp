@@ -38,6 +38,8 @@
 // Measured on a 2-core Zen 4 (avx512_bf16), the benchmark model's shapes, weights from
 // memory, bfloat16: 1.08-1.13x oneDNN's prepacked matmul at 64 rows (~400-430 GFLOP/s of
 // a ~450 peak), ~1.3x at 4-16 rows, 0.97-1.05x at 512-2048 (benchmarks/linear_kernels.py).
+// On a CPU with AMX the same bfloat16 panels are multiplied on its tiles instead
+// (amx_matmul.cpp: a tile of 32 columns is two AMX B tiles as it is).
 #include <omp.h>
 
 #include <cstdint>
@@ -149,20 +151,11 @@ struct BFloat16Panel {
   }
   static __m512 madd(__m512 acc, Vec x, Vec w) { return _mm512_dpbf16_ps(acc, x, w); }
   static void store(uint16_t* out, __m512 lo, __m512 hi, int64_t n) {
-    // Round to nearest even; a NaN keeps being a NaN (its payload aside).
-    const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
-    if (n == kColumns) {  // a masked store is slower on some CPUs (Zen 4)
-      _mm512_storeu_si512(out, packed);
-    } else {
-      _mm512_mask_storeu_epi16(out, static_cast<__mmask32>((1u << n) - 1), packed);
-    }
+    bf16_store_first(out, lo, hi, n);
   }
 };
 
-inline __m512 bias_lanes(const uint16_t* b, int64_t n) {
-  const __m256i bits = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), b);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
-}
+inline __m512 bias_lanes(const uint16_t* b, int64_t n) { return bf16_load_first(b, n); }
 #endif
 
 // Cache lines of a later tile to bring into the cache while a block computes.
@@ -377,6 +370,9 @@ int engine_packed_matmul(int dtype, const void* x, int64_t x_row, int64_t M,
                          int64_t out_row, int num_threads) {
 #if defined(ENGINE_F32_SIMD)
   if (dtype == kBFloat16 && K % 2) return 2;
+  if (dtype == kBFloat16 && (matmul_dtypes() >> kBFloat16 & 1) &&
+      engine_amx_packed_matmul(x, x_row, M, packed, N, K, bias, out, out_row, num_threads) == 0)
+    return 0;  // AMX, where built and allowed (amx_matmul.cpp)
   return with_panel(dtype, [&](auto panel) {
     using P = decltype(panel);
     using T = typename P::Act;

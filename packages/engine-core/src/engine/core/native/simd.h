@@ -40,6 +40,25 @@ inline void f32_store_first(float* p, F32Vec a, int64_t n) {
   }
 }
 
+#if defined(__AVX512BF16__)
+// The first n (1..16) bfloat16 values from b as float32 lanes, the others 0 (nothing past
+// b + n is read).
+inline __m512 bf16_load_first(const uint16_t* b, int64_t n) {
+  const __m256i bits = _mm256_maskz_loadu_epi16(static_cast<__mmask16>((1u << n) - 1), b);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+// lo's then hi's lanes rounded to bfloat16 (nearest even; a NaN stays a NaN, its payload
+// aside), the first n (1..32) to out (nothing past out + n is written).
+inline void bf16_store_first(uint16_t* out, __m512 lo, __m512 hi, int64_t n) {
+  const __m512i packed = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+  if (n >= 32) {  // a masked store is slower on some CPUs (Zen 4)
+    _mm512_storeu_si512(out, packed);
+  } else {
+    _mm512_mask_storeu_epi16(out, static_cast<__mmask32>((1u << n) - 1), packed);
+  }
+}
+#endif
+
 #elif defined(__AVX2__) && defined(__FMA__)
 
 using F32Vec = __m256;
