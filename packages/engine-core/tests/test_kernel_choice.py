@@ -15,7 +15,8 @@ from engine.core.kernel_choice.buckets import RowBucket, bucket_index, row_bucke
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
 from engine.core.kernel_choice.timing import Timing, time_kernels
-from engine.core.model_executor.linear_kernels import TorchLinearKernel
+from engine.core.model_executor.linear_kernels import CpuLinearKernel, TorchLinearKernel
+from engine.core.native import native_kernels
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
@@ -85,8 +86,9 @@ class Replaces(_Linear):
         layer.weight = torch.nn.Parameter(layer.weight.detach().clone(), requires_grad=False)
 
 
-def _timing(name: str, *seconds: float, keeps: bool = True) -> Timing:
-    return Timing(name, seconds, (1.0,) * len(seconds), keeps)
+def _timing(name: str, *seconds: float, keeps: bool = True, recordable: bool = False,
+            ) -> Timing:
+    return Timing(name, seconds, (1.0,) * len(seconds), keeps, recordable)
 
 
 def test_buckets_cover_every_row_count_up_to_the_budget():
@@ -114,6 +116,52 @@ def test_the_kernel_fastest_in_most_buckets_runs_all_but_those_another_wins_clea
     # equal times: priority order decides
     tie = choose([_timing("b", 1.0, 1.0), _timing("a", 1.0, 1.0)], row_buckets(3), ["a", "b"])
     assert tie.kernels == ("a", "a")
+
+
+def test_a_kernel_the_step_graph_records_is_never_displaced_by_one_it_cannot():
+    """One unrecordable product keeps every step out of the graph: it may not win a layer
+    or a bucket from a recordable kernel; recordable kernels still compete by time."""
+    buckets = row_buckets(512)
+    eager = _timing("eager", 0.5, 0.5, 0.5, 0.5)
+    graph = _timing("graph", 1.0, 1.0, 1.0, 1.0, recordable=True)
+    plan = choose([eager, graph], buckets, ["eager", "graph"])
+    assert plan.kernels == ("graph",) * 4
+    other = _timing("other", 2.0, 2.0, 0.5, 2.0, recordable=True)
+    plan = choose([eager, graph, other], buckets, ["eager", "graph", "other"])
+    assert plan.kernels == ("graph", "graph", "other", "graph")
+    assert KernelPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    # nothing recordable: time alone decides
+    assert choose([eager, _timing("b", 1.0, 1.0, 1.0, 1.0)], buckets,
+                  ["b", "eager"]).kernels == ("eager",) * 4
+
+
+def test_a_kernel_the_graph_records_is_timed_replayed_from_a_graph():
+    native = native_kernels()
+    if native is None or torch.float32 not in native.packed_matmul_dtypes:
+        pytest.skip("the float32 panels are built for AVX-512 CPUs only")
+    timings, failed = time_kernels([TorchLinearKernel, CpuLinearKernel], CONFIG, BUCKETS,
+                                   CPU, step_graph=True)
+    assert failed == {} and {t.name: t.recordable for t in timings} == {"torch": False,
+                                                                         "cpu": True}
+    timings, _ = time_kernels([CpuLinearKernel], CONFIG, BUCKETS, CPU, step_graph=False)
+    assert not timings[0].recordable  # --enforce-eager: timed as it is called
+
+
+class SeesModes(_Linear):
+    name = "sees_modes"
+    enabled: ClassVar[list[bool]] = []
+
+    def apply(self, layer, x, bias=None):
+        self.enabled.append(torch._C._is_torch_function_enabled())
+        return super().apply(layer, x, bias)
+
+
+def test_kernels_are_timed_without_the_model_builders_device_mode():
+    """The worker measures inside ``with torch.device(...)``; steps run without it."""
+    SeesModes.enabled.clear()
+    with torch.device("cpu"):
+        time_kernels([SeesModes], CONFIG, BUCKETS)
+    assert SeesModes.enabled and not any(SeesModes.enabled)
 
 
 def test_a_plan_describes_its_times_and_round_trips_through_json():
@@ -161,7 +209,7 @@ def test_a_faster_third_party_kernel_wins_over_priority_and_the_choice_is_kept(
     assert record.key["kernels"][0][:3] == ["slow_builtin",
                                             f"{__name__}:SlowBuiltin", ""]
 
-    def no_timing(*args):
+    def no_timing(*args, **kwargs):
         raise AssertionError("measured again")
 
     monkeypatch.setattr(selection, "time_kernels", no_timing)
@@ -199,7 +247,7 @@ def test_a_choice_timed_on_a_busy_machine_is_measured_again_a_few_times(
                 Timing("fast_plugin", (1.0,) * n, (1.0,) * n, True)]
     measured = []
     monkeypatch.setattr(selection, "time_kernels",
-                        lambda *a: measured.append(1) or (unsteady, {}))
+                        lambda *a, **k: measured.append(1) or (unsteady, {}))
     for attempt in range(1, selection.MAX_ATTEMPTS + 2):
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=selection.__name__):
@@ -217,7 +265,7 @@ def test_a_choice_timed_on_a_busy_machine_is_measured_again_a_few_times(
 
 
 def test_a_kernel_left_out_is_named_with_its_distribution(cache, monkeypatch, caplog):
-    monkeypatch.setattr(selection, "time_kernels", lambda *a: (
+    monkeypatch.setattr(selection, "time_kernels", lambda *a, **k: (
         [_timing("slow_builtin", *(1.0,) * len(BUCKETS))], {"fast_plugin": "ValueError: no"}))
     with caplog.at_level(logging.WARNING, logger=selection.__name__):
         assert _selector(SlowBuiltin, FastPlugin)(CONFIG) is SlowBuiltin

@@ -44,7 +44,7 @@ def test_clear_removes_them_and_list_says_where_they_would_be(kept, capsys):
     assert not kept.path.exists()
 
 
-def test_list_shows_an_attention_choice_by_its_spec(tmp_path, monkeypatch, capsys):
+def test_list_shows_attention_and_custom_op_choices_by_what_they_serve(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
     timings = [Timing("cpu", (1e-4, 2e-3), (1.0, 1.0), False),
                Timing("torch", (4e-4, 1e-3), (1.0, 1.0), False)]
@@ -52,7 +52,11 @@ def test_list_shows_an_attention_choice_by_its_spec(tmp_path, monkeypatch, capsy
            "spec": {"num_heads": 12, "num_kv_heads": 4, "head_size": 64,
                     "dtype": "bfloat16"}}
     store.save(key, choose(timings, row_buckets(3), ["cpu", "torch"]))
+    op_key = {"what": "custom_op", "op": "rms_norm", "cpu": "Some CPU", "threads": 2,
+              "shape": {"hidden_size": 768, "dtype": "bfloat16"}}
+    store.save(op_key, choose(timings, row_buckets(3), ["cpu", "torch"]))
     assert main(["kernels", "list"]) == 0
     out = capsys.readouterr().out
+    assert "- custom op rms_norm hidden=768 bfloat16, 2 threads, Some CPU, measured" in out
     assert "attention heads=12/4 head_size=64 bfloat16, 2 threads, Some CPU, measured" in out
     assert "cpu for 1 row (100.0 µs; torch 400.0); cpu for 2+ rows (2000.0 µs; torch " in out

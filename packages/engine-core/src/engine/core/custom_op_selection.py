@@ -11,7 +11,10 @@ start-up. For each op, the items of ``engine.core.custom_op_items`` leave one mo
   the eligible ones are ranked by ``priority`` (higher first), then a third party's before
   the engine's own. A tie at the top between two third parties is an error that names both
   and how to choose; nothing eligible leaves the built-in (the reference on a device it
-  has no kernels for).
+  has no kernels for). In a worker on the CPU under ``--kernel-selection measured`` (the
+  default), two or more eligible ones are timed on the model's shapes instead
+  (``engine.core.kernel_choice.op_selection``) and the fastest is used, whatever the
+  priorities (a tie between third parties is then no error).
 * **replace** (``all``, ``+NAME``): the same ranking over the replacements only (every
   candidate but the built-in), eligible ones first; an ineligible one is used when it is
   the only replacement (the operator asked for a replacement).
@@ -27,7 +30,7 @@ one INFO line with every op's implementation and why) and by ``engine plugins li
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from engine.core.custom_op_items import (
@@ -47,6 +50,10 @@ from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
 
 logger = logging.getLogger("engine.worker")
+
+#: Times an op's eligible implementations and returns the fastest's entry (None: nothing
+#: measured); ``engine.core.kernel_choice.op_selection.OpMeasurer`` in a worker on the CPU.
+OpMeasure = Callable[[str, Sequence[tuple[PluginEntry, type[CustomOp]]]], PluginEntry | None]
 
 
 @dataclass(frozen=True)
@@ -246,7 +253,7 @@ def _passed_over(candidates: Sequence[OpCandidate]) -> tuple[str, ...]:
 
 
 def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo | None,
-            device: str) -> CustomOpChoice:
+            device: str, measure: OpMeasure | None = None) -> CustomOpChoice:
     item = mode.item
     by = ("" if item is None else
           f"{item.source}: {item.text}" if item.source == OPERATOR
@@ -262,10 +269,18 @@ def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo
         note = "" if cand.support is None or cand.support.ok else (
             f" (used although it says: {cand.support.reason})")
         return CustomOpChoice(op, picked, by + note, (cand,))
-    candidates = []
+    candidates, classes = [], {}
     for entry in entries:
-        cls = _load(catalog, op, entry)
+        cls = classes[entry] = _load(catalog, op, entry)
         candidates.append(OpCandidate(entry, cls.priority, _ask(entry, cls, platform)))
+    eligible = [c for c in candidates if _eligible(c)]
+    if mode.kind == "default" and measure is not None and len(eligible) > 1:
+        fastest = measure(op, [(c.entry, classes[c.entry]) for c in eligible])
+        if fastest is not None:
+            return CustomOpChoice(op, fastest, "default: measured fastest here, of "
+                                  f"{len(eligible)} with a path of their own",
+                                  tuple(candidates), by_default=True,
+                                  passed_over=_passed_over(candidates))
     pool = [c for c in candidates if not c.is_builtin] if mode.kind == "replace" else candidates
     ranked = _rank(pool)
     if mode.kind == "default" and not _eligible(ranked[0]):
@@ -280,7 +295,8 @@ def _decide(catalog: PluginCatalog, op: str, mode: _Mode, platform: PlatformInfo
 
 def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
                     dispatch_key: str = NATIVE, platform: PlatformInfo | None = None, *,
-                    strict: bool = True) -> list[CustomOpChoice]:
+                    strict: bool = True, measure: OpMeasure | None = None,
+                    ) -> list[CustomOpChoice]:
     """Each built-in op's choice under ``settings`` (module docstring).
 
     Args:
@@ -292,6 +308,8 @@ def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = 
             ``dispatch_key``).
         strict: Raise the first failure (the worker); False: record it in the op's
             ``error`` and leave the built-in (``engine plugins list``).
+        measure: Where given, an op no item names with several eligible implementations
+            is built from the one ``measure`` finds fastest (ties and priorities aside).
 
     Raises:
         PluginError: (strict) an implementation that must be imported fails to, breaks
@@ -303,7 +321,7 @@ def plan_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = 
     choices = []
     for op, mode in _modes(catalog, settings).items():
         try:
-            choices.append(_decide(catalog, op, mode, platform, dispatch_key))
+            choices.append(_decide(catalog, op, mode, platform, dispatch_key, measure))
         except PluginError as exc:
             if strict:
                 raise
@@ -324,6 +342,7 @@ def _unknown_replacements(catalog: PluginCatalog, settings: CustomOpSettings
 
 def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
                       dispatch_key: str = NATIVE, platform: PlatformInfo | None = None,
+                      measure: OpMeasure | None = None,
                       ) -> dict[str, tuple[PluginEntry, type[CustomOp]]]:
     """The entry and class of every op that uses a replacement, imported and checked.
 
@@ -339,7 +358,7 @@ def select_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None 
     for entry in _unknown_replacements(catalog, settings):
         raise plugin_error(entry, f"there is no built-in op named {entry.name!r} to replace; "
                                   f"ops: {', '.join(sorted(BUILTIN_OPS))}")
-    choices = plan_custom_ops(catalog, settings, dispatch_key, platform)
+    choices = plan_custom_ops(catalog, settings, dispatch_key, platform, measure=measure)
     logger.info("custom ops: %s", "; ".join(
         f"{c.name} = {c.implementation} [{c.full_reason}]" for c in choices))
     return {c.name: (c.chosen, catalog.load_resolved(c.chosen)) for c in choices
@@ -360,5 +379,6 @@ def describe_candidates(choice: CustomOpChoice) -> list[str]:
 
 
 __all__ = ["OPERATOR", "CustomOpChoice", "CustomOpItem", "CustomOpSettings", "OpCandidate",
+           "OpMeasure",
            "builtin_entry", "describe_candidates", "parse_custom_op_items", "plan_custom_ops",
            "resolve_settings", "select_custom_ops"]

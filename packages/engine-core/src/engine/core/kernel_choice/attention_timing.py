@@ -13,15 +13,19 @@ with the reason, and one far slower than the best after a round is not timed fur
 from __future__ import annotations
 
 import math
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
 from engine.core.kernel_choice.buckets import RowBucket
-from engine.core.kernel_choice.timing import DROP_FACTOR, ROUNDS, TOLERANCE, Timing, round_spread
+from engine.core.kernel_choice.timing import (
+    TOLERANCE,
+    Timing,
+    as_in_a_step,
+    interleaved_rounds,
+    round_spread,
+)
 from engine.core.plugin_faults import describe
 from engine.sdk.attention import (
     AttentionBackend,
@@ -36,8 +40,6 @@ from engine.sdk.plugin import PluginOptions
 CONTEXT = 256
 #: Decode steps have at most this many requests; a bucket of more rows is a prompt chunk.
 MAX_DECODES = 64
-#: Calls timed per round, at least (small steps take microseconds).
-MIN_CALLS = 3
 LAYER = "measured.attn"
 
 
@@ -141,13 +143,6 @@ def _check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> None:
                          f"the largest value (at most {tolerance:g} allowed)")
 
 
-def _per_call(run: Callable[[], Any]) -> float:
-    start = time.perf_counter()
-    for _ in range(MIN_CALLS):
-        run()
-    return (time.perf_counter() - start) / MIN_CALLS
-
-
 def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], PluginOptions]],
                   spec: AttentionSpec, dtype: torch.dtype, buckets: Sequence[RowBucket],
                   ) -> tuple[list[Timing], dict[str, str]]:
@@ -159,7 +154,7 @@ def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], Plugin
     seconds: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
     spreads: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
     tolerance = TOLERANCE.get(spec.dtype, 3e-2)
-    with torch.inference_mode():
+    with as_in_a_step():
         for bucket in buckets:
             step = _layout(step_requests(bucket), spec.block_size)
             inputs = _inputs(spec, dtype, step)
@@ -179,7 +174,7 @@ def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], Plugin
                     failed[name] = describe(exc)
                     continue
                 runners[name] = runner
-            times = _rounds(runners)
+            times = interleaved_rounds({n: r.run for n, r in runners.items()})
             for name in runners:
                 seconds[name].append(min(times[name]))
                 spreads[name].append(round_spread(times[name]))
@@ -188,14 +183,3 @@ def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], Plugin
                if name not in failed and len(seconds[name]) == len(buckets)]
     return timings, failed
 
-
-def _rounds(runners: dict[str, _Runner]) -> dict[str, list[float]]:
-    """Each runner's seconds per step in its rounds (far slower: fewer)."""
-    times: dict[str, list[float]] = {name: [] for name in runners}
-    alive = list(runners)
-    for _ in range(ROUNDS):
-        for name in alive:
-            times[name].append(_per_call(runners[name].run))
-        fastest = min(min(times[name]) for name in alive)
-        alive = [name for name in alive if min(times[name]) <= DROP_FACTOR * fastest]
-    return times

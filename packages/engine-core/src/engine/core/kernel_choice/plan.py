@@ -1,10 +1,17 @@
 """Which kernel runs each row bucket of a layer shape, decided from its timings.
 
 The layer's *main* kernel is the one fastest in the most buckets (ties: the smaller sum
-of its times relative to each bucket's best, then priority). Another kernel runs a bucket
-only where it beats the main one by more than ``SWITCH_MARGIN`` and both leave the
-layer's parameters as they are (two kernels share one layer; each keeps its own copy of
-the weight in its layout, so a second kernel costs memory and must earn it).
+of its times relative to each bucket's best, then priority), among the kernels the CPU
+step graph records where there are any: one kernel the graph cannot record keeps every
+step out of the graph, and the graph's saving (the pass's Python: 20% of the benchmark
+model's throughput, ``cpu`` recorded against ``onednn`` eager, where oneDNN's products
+alone were up to 5% faster) is more than any one product's difference measured so far.
+A kernel of yours joins the graph by declaring ``capture_support`` (docs/plugins).
+
+Another kernel of that pool runs a bucket only where it beats the main one by more than
+``SWITCH_MARGIN`` and both leave the layer's parameters as they are (two kernels share
+one layer; each keeps its own copy of the weight in its layout, so a second kernel costs
+memory and must earn it).
 """
 
 from __future__ import annotations
@@ -73,8 +80,8 @@ class KernelPlan:
         return {"buckets": [[b.lower, b.upper, b.rows] for b in self.buckets],
                 "kernels": list(self.kernels),
                 "timings": [{"name": t.name, "seconds": list(t.seconds),
-                             "spread": list(t.spread), "keeps_layer": t.keeps_layer}
-                            for t in self.timings],
+                             "spread": list(t.spread), "keeps_layer": t.keeps_layer,
+                             "recordable": t.recordable} for t in self.timings],
                 "left_out": dict(self.left_out)}
 
     @classmethod
@@ -86,7 +93,8 @@ class KernelPlan:
         if len(kernels) != len(buckets) or not buckets:
             raise ValueError("one kernel per bucket expected")
         timings = tuple(Timing(str(t["name"]), tuple(float(s) for s in t["seconds"]),
-                               tuple(float(s) for s in t["spread"]), bool(t["keeps_layer"]))
+                               tuple(float(s) for s in t["spread"]), bool(t["keeps_layer"]),
+                               bool(t.get("recordable", False)))
                         for t in data["timings"])
         return cls(buckets, kernels, timings, {str(k): str(v) for k, v in
                                                data.get("left_out", {}).items()})
@@ -96,23 +104,25 @@ def choose(timings: Sequence[Timing], buckets: tuple[RowBucket, ...],
            order: Sequence[str], left_out: dict[str, str] | None = None) -> KernelPlan:
     """The plan for ``timings`` (at least one); ``order``: names by priority, for ties."""
     rank = {name: index for index, name in enumerate(order)}
-    by_name = {t.name: t for t in timings}
-    best = [min(t.seconds[i] for t in timings) for i in range(len(buckets))]
+    pool = [t for t in timings if t.recordable] or list(timings)
 
-    def fastest_in(index: int) -> Timing:
-        return min(timings, key=lambda t: (t.seconds[index], rank.get(t.name, len(rank))))
+    def fastest_in(index: int, among: Sequence[Timing]) -> Timing:
+        return min(among, key=lambda t: (t.seconds[index], rank.get(t.name, len(rank))))
 
-    fastest = [fastest_in(index) for index in range(len(buckets))]
+    fastest = [fastest_in(index, pool) for index in range(len(buckets))]
+    best = [f.seconds[index] for index, f in enumerate(fastest)]
 
     def standing(t: Timing) -> tuple[int, float, int]:
         wins = sum(f is t for f in fastest)
         relative = sum(s / b if b > 0 else 1.0 for s, b in zip(t.seconds, best, strict=True))
         return (-wins, relative, rank.get(t.name, len(rank)))
 
-    main = min(timings, key=standing)
+    main = min(pool, key=standing)
+    sharing = [t for t in pool if t.keeps_layer] if main.keeps_layer else [main]
     kernels = []
-    for index, winner in enumerate(fastest):
-        switch = (winner.seconds[index] * (1 + SWITCH_MARGIN) < main.seconds[index]
-                  and winner.keeps_layer and main.keeps_layer)
+    for index in range(len(buckets)):
+        winner = fastest_in(index, sharing)
+        switch = winner.seconds[index] * (1 + SWITCH_MARGIN) < main.seconds[index]
         kernels.append(winner.name if switch else main.name)
-    return KernelPlan(buckets, tuple(kernels), tuple(by_name.values()), dict(left_out or {}))
+    return KernelPlan(buckets, tuple(kernels), tuple({t.name: t for t in timings}.values()),
+                      dict(left_out or {}))

@@ -106,13 +106,15 @@ class MeasuredSelector:
 
     def __init__(self, kernels: Sequence[type[LinearKernel]], info: PlatformInfo, *,
                  disabled: Sequence[str], step_tokens: int,
-                 versions: Mapping[str, str]) -> None:
+                 versions: Mapping[str, str], step_graph: bool = True) -> None:
         self.kernels = list(kernels)
         self.info = info
         self.disabled = tuple(disabled)
         self.buckets = row_buckets(step_tokens)
         #: Per kernel name, its distribution and version, for the key and for messages.
         self.versions = dict(versions)
+        #: Steps may run as a CPU step graph (not ``--enforce-eager``): see ``plan``.
+        self.step_graph = step_graph and info.device_type == "cpu"
         self._chosen: dict[LinearKernelConfig, type[LinearKernel]] = {}
 
     def __call__(self, config: LinearKernelConfig) -> type[LinearKernel]:
@@ -140,13 +142,14 @@ class MeasuredSelector:
         return {"device": self.info.name, **machine_key(),
                 "kernels": [identity(label(k), k, self.versions.get(label(k), ""))
                             for k in eligible],
-                "config": asdict(config),
+                "config": asdict(config), "step_graph": self.step_graph,
                 "buckets": [[b.lower, b.upper, b.rows] for b in self.buckets]}
 
     def _plan(self, config: LinearKernelConfig,
               eligible: Sequence[type[LinearKernel]]) -> KernelPlan | None:
         def measure() -> KernelPlan | None:
-            timings, failed = time_kernels(eligible, config, self.buckets)
+            timings, failed = time_kernels(eligible, config, self.buckets, self.info,
+                                           step_graph=self.step_graph)
             for name, reason in failed.items():
                 logger.warning("linear kernel %s%s left out of the measured choice for %s: "
                                "%s", name, self._provider(name), config.describe(), reason)
@@ -194,10 +197,13 @@ def decide(parts: dict[str, Any], what: str,
 
 def make_selector(kind: KernelSelection, kernels: Sequence[type[LinearKernel]],
                   info: PlatformInfo, *, forced: str | None, disabled: Sequence[str],
-                  step_tokens: int, versions: Mapping[str, str]
+                  step_tokens: int, versions: Mapping[str, str], step_graph: bool = True,
                   ) -> Callable[[LinearKernelConfig], type[LinearKernel]] | None:
-    """The measured selector, or None where priority decides (forced, or ``priority``)."""
+    """The measured selector, or None where priority decides (forced, or ``priority``).
+
+    ``step_graph``: False under ``--enforce-eager`` (every kernel is timed as it is called).
+    """
     if kind == "priority" or forced is not None:
         return None
     return MeasuredSelector(kernels, info, disabled=disabled, step_tokens=step_tokens,
-                            versions=versions)
+                            versions=versions, step_graph=step_graph)

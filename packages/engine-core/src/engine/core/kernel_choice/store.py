@@ -29,7 +29,7 @@ logger = logging.getLogger(__name__)
 #: The cache directory's subdirectory holding the records.
 SUBDIR = "kernel_choices"
 #: Bumped when a record's meaning changes; older records are measured again.
-FORMAT = 1
+FORMAT = 2  # 2: recordable kernels timed replayed from a graph
 
 
 def choices_dir() -> Path:

@@ -11,9 +11,11 @@ reference's, is left out with the reason.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,13 +24,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.core.kernel_choice.buckets import RowBucket
+from engine.core.kernel_choice.graph_timing import graph_replays
 from engine.core.plugin_faults import describe
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
+from engine.sdk.platform import PlatformInfo
 
 #: Rounds each candidate is timed in (its best counts).
 ROUNDS = 3
 #: A candidate this many times slower than the best after a round is not timed further.
 DROP_FACTOR = 3.0
+#: Runs per round of a call timed by ``interleaved_rounds`` (small ones take microseconds).
+MIN_CALLS = 3
 #: Buckets of more rows than this are bound by compute: two weight copies suffice.
 STREAMED_ROWS = 64
 #: The weight copies cycled through hold this many times a core's own cache, within
@@ -39,6 +45,20 @@ MAX_COPY_BYTES = 256 << 20
 #: Relative error a product may show against float32 ``F.linear`` (bfloat16: 8 bits of
 #: mantissa, summed in another order).
 TOLERANCE = {"float32": 1e-3, "bfloat16": 3e-2, "float16": 1e-2}
+
+
+@contextlib.contextmanager
+def as_in_a_step() -> Iterator[None]:
+    """Inference mode, with no ``__torch_function__`` mode in the way, as in a step.
+
+    The worker measures while it builds the model, inside ``with torch.device(...)``: a
+    torch-function mode every torch call of a kernel's Python goes through. Steps run
+    without it, and it doubled the time of a kernel making a few torch calls per product
+    (the ``cpu`` kernel at 1 row: 131 µs under the mode, 65 without), so the choice went
+    to the wrong kernel.
+    """
+    with torch.inference_mode(), torch._C.DisableTorchFunction():
+        yield
 
 
 @dataclass(frozen=True)
@@ -56,6 +76,9 @@ class Timing:
     #: Its ``process_weights_after_loading`` left the layer's parameters as they were
     #: (the same tensors, the same values), so it can share a layer with another kernel.
     keeps_layer: bool
+    #: The CPU step graph records it (``graph_timing``): it was timed replayed from a
+    #: graph, and a kernel that is not recorded must not take a bucket from it.
+    recordable: bool = False
 
 
 class _Layer(nn.Module):
@@ -120,18 +143,14 @@ def _check(kernel: LinearKernel, layer: _Layer, x: torch.Tensor, tolerance: floa
                          f"largest value (at most {tolerance:g} allowed)")
 
 
-def _per_call(pairs: Sequence[tuple[LinearKernel, _Layer]], x: torch.Tensor,
-              calls: int) -> float:
-    start = time.perf_counter()
-    for i in range(calls):
-        kernel, layer = pairs[i % len(pairs)]
-        kernel.apply(layer, x, layer.bias)
-    return (time.perf_counter() - start) / calls
-
-
 def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelConfig,
-                 buckets: Sequence[RowBucket]) -> tuple[list[Timing], dict[str, str]]:
-    """Each candidate's timings, and the reason of each one left out (by name)."""
+                 buckets: Sequence[RowBucket], platform: PlatformInfo | None = None, *,
+                 step_graph: bool = False) -> tuple[list[Timing], dict[str, str]]:
+    """Each candidate's timings, and the reason of each one left out (by name).
+
+    ``step_graph``: steps may run as a CPU step graph, so a kernel it records is timed
+    replayed from one (``graph_timing``); ``platform`` is what the kernel is told.
+    """
     dtype = getattr(torch, config.act_dtype)
     copies = _copies(config, dtype)
     layers = _layers(config, dtype, copies)
@@ -140,7 +159,7 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
     failed: dict[str, str] = {}
     probe = torch.randn(max(b.rows for b in buckets), config.input_size,
                         generator=torch.Generator().manual_seed(1)).to(dtype)
-    with torch.inference_mode():
+    with as_in_a_step():
         for cls in candidates:
             name = cls.name or f"{cls.__module__}:{cls.__qualname__}"
             before = [_params(layer) for layer in layers]
@@ -162,30 +181,63 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
             instances[name] = pairs
             if not keeps[name]:  # the others get layers of their own
                 layers = _layers(config, dtype, copies)
-        rounds = [_time_bucket(instances, probe[:bucket.rows], bucket) for bucket in buckets]
+        recorded = {name: True for name in instances}
+        rounds = []
+        for bucket in buckets:
+            calls = {}
+            for name, pairs in instances.items():
+                calls[name], replayed = _calls(pairs, probe[:bucket.rows], bucket, platform,
+                                               step_graph)
+                recorded[name] = recorded[name] and replayed
+            products = 2 if bucket.rows > STREAMED_ROWS else copies
+            rounds.append({name: [t / products for t in times] for name, times in
+                           interleaved_rounds(calls, repeats=1).items()})
     timings = [Timing(name, tuple(min(r[name]) for r in rounds),
-                      tuple(round_spread(r[name]) for r in rounds), keeps[name])
+                      tuple(round_spread(r[name]) for r in rounds), keeps[name],
+                      recorded[name])
                for name in instances]
     return timings, failed
+
+
+def _calls(pairs: Sequence[tuple[LinearKernel, _Layer]], x: torch.Tensor, bucket: RowBucket,
+           platform: PlatformInfo | None, step_graph: bool,
+           ) -> tuple[Callable[[], object], bool]:
+    """One product per weight copy, as a step runs it; and whether from a graph."""
+    if bucket.rows > STREAMED_ROWS:  # bound by compute: two weight copies suffice
+        pairs = pairs[:2]
+    each = graph_replays(pairs, x, platform) if step_graph else None
+    replayed = each is not None
+    if each is None:
+        each = [functools.partial(kernel.apply, layer, x, layer.bias) for kernel, layer in pairs]
+
+    def products() -> None:
+        for call in each:
+            call()
+
+    return products, replayed
+
+
+def interleaved_rounds(calls: dict[str, Callable[[], object]], repeats: int = MIN_CALLS,
+                       ) -> dict[str, list[float]]:
+    """Each call's seconds per run in each of ``ROUNDS`` rounds, the calls in turns.
+
+    A call this far slower than the fastest after a round (``DROP_FACTOR``) runs no more
+    rounds.
+    """
+    times: dict[str, list[float]] = {name: [] for name in calls}
+    alive = list(calls)
+    for _ in range(ROUNDS):
+        for name in alive:
+            start = time.perf_counter()
+            for _ in range(repeats):
+                calls[name]()
+            times[name].append((time.perf_counter() - start) / repeats)
+        fastest = min(min(times[name]) for name in alive)
+        alive = [name for name in alive if min(times[name]) <= DROP_FACTOR * fastest]
+    return times
 
 
 def round_spread(times: list[float]) -> float:
     """The second-best round over the best (1.0 with one round)."""
     ordered = sorted(times)
     return ordered[1] / ordered[0] if len(ordered) > 1 and ordered[0] > 0 else 1.0
-
-
-def _time_bucket(instances: dict[str, list[tuple[LinearKernel, _Layer]]], x: torch.Tensor,
-                 bucket: RowBucket) -> dict[str, list[float]]:
-    """Each candidate's seconds per product in each of its rounds (far slower: fewer)."""
-    times: dict[str, list[float]] = {name: [] for name in instances}
-    alive = list(instances)
-    for _ in range(ROUNDS):
-        for name in alive:
-            pairs = instances[name]
-            if bucket.rows > STREAMED_ROWS:
-                pairs = pairs[:2]
-            times[name].append(_per_call(pairs, x, len(pairs)))
-        fastest = min(min(times[name]) for name in alive)
-        alive = [name for name in alive if min(times[name]) <= DROP_FACTOR * fastest]
-    return times

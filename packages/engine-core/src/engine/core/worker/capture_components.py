@@ -71,12 +71,14 @@ def held_tensors(model: nn.Module) -> list[torch.Tensor]:
 
     oneDNN's own copies are left out: they have no storage a graph could point at.
     """
-    tensors = []
-    for module in model.modules():
-        for component in held_components(module):
-            tensors += [v for v in vars(component).values() if isinstance(v, torch.Tensor)
-                        and v.layout == torch.strided and not v.is_mkldnn]
-    return tensors
+    return [t for module in model.modules() for component in held_components(module)
+            for t in own_tensors(component)]
+
+
+def own_tensors(component: object) -> list[torch.Tensor]:
+    """The tensors in ``component``'s attributes that a graph can point at."""
+    return [v for v in vars(component).values() if isinstance(v, torch.Tensor)
+            and v.layout == torch.strided and not v.is_mkldnn]
 
 
 class PassComponents:
@@ -205,4 +207,5 @@ def _ask(component: object, ctx: CaptureContext) -> Support:
     return answer
 
 
-__all__ = ["HELD_COMPONENTS", "PassComponents", "declares", "held_components", "held_tensors"]
+__all__ = ["HELD_COMPONENTS", "PassComponents", "declares", "held_components", "held_tensors",
+           "own_tensors"]

@@ -16,10 +16,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core.custom_op_selection import CustomOpSettings, select_custom_ops
+from engine.core.custom_op_selection import CustomOpSettings, OpMeasure, select_custom_ops
 from engine.core.distributed import SINGLE, TensorParallelGroup, head_slice
 from engine.core.kernel_choice import KernelSelection
 from engine.core.kernel_choice.attention_selection import measured_attention_backend
+from engine.core.kernel_choice.op_selection import OpMeasurer, OpShape
 from engine.core.kernel_choice.selection import make_selector
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_loader.dummy import load_weights_into
@@ -74,14 +75,15 @@ def resolve_attention_backend(
 
 def resolve_custom_ops(catalog: PluginCatalog, settings: CustomOpSettings | None = None,
                        dispatch_key: str = NATIVE, platform_info: PlatformInfo | None = None,
-                       ) -> dict[str, type[CustomOp]]:
+                       measure: OpMeasure | None = None) -> dict[str, type[CustomOp]]:
     """Replacement op classes in use (``--custom-ops`` and the platform), checked.
 
-    See ``engine.core.custom_op_selection``. Each is guarded (``engine.core.plugin_faults``):
-    an exception in its ``forward`` fails the step's requests, naming the plugin.
+    See ``engine.core.custom_op_selection`` (``measure``: its measured default). Each is
+    guarded (``engine.core.plugin_faults``): an exception in its ``forward`` fails the
+    step's requests, naming the plugin.
     """
     platform = None if dispatch_key == NATIVE else platform_info
-    selected = select_custom_ops(catalog, settings, dispatch_key, platform)
+    selected = select_custom_ops(catalog, settings, dispatch_key, platform, measure)
     return {name: guard_forward(cls, functools.partial(plugin_error, entry))
             for name, (entry, cls) in selected.items()}
 
@@ -120,13 +122,14 @@ def _linear_kernels(catalog: PluginCatalog, forced: str | None
 def make_linear_kernel_selector(
     catalog: PluginCatalog, platform: type[Platform], *, forced: str | None,
     disabled: Sequence[str], selection: KernelSelection = "priority",
-    step_tokens: int = DEFAULT_STEP_TOKENS,
+    step_tokens: int = DEFAULT_STEP_TOKENS, step_graph: bool = True,
 ) -> Callable[[LinearKernelConfig], type[LinearKernel]]:
     """The per-layer linear kernel chooser over every allowed ``engine.linear_kernels`` entry.
 
     ``selection`` (``--kernel-selection``): ``priority`` takes the first kernel in priority
     order that can run a layer; ``measured`` times the ones that can on this machine
-    (``engine.core.kernel_choice``) for steps of up to ``step_tokens`` tokens.
+    (``engine.core.kernel_choice``) for steps of up to ``step_tokens`` tokens, those the CPU
+    step graph records replayed from one where ``step_graph``.
 
     Raises:
         ValidationError: ``forced`` or a ``disabled`` name is not an installed kernel.
@@ -137,7 +140,8 @@ def make_linear_kernel_selector(
         raise ambiguous[forced]
     info = platform.info()
     measured = make_selector(selection, kernels, info, forced=forced, disabled=disabled,
-                             step_tokens=step_tokens, versions=providers)
+                             step_tokens=step_tokens, versions=providers,
+                             step_graph=step_graph)
 
     def selector(config: LinearKernelConfig) -> type[LinearKernel]:
         kernel = measured(config) if measured is not None else select_linear_kernel(
@@ -186,7 +190,7 @@ def build_model(
     tp: TensorParallelGroup = SINGLE, custom_ops: CustomOpSettings | None = None,
     quant_config: QuantizationConfig | None = None,
     model_choice: ModelChoice | None = None, kernel_selection: KernelSelection = "priority",
-    step_tokens: int = DEFAULT_STEP_TOKENS,
+    step_tokens: int = DEFAULT_STEP_TOKENS, step_graph: bool = True,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
@@ -196,7 +200,8 @@ def build_model(
     loaders narrow them). ``quant_config`` (``EngineSetup.quant_config``) gives every
     linear layer and the embedding its quantize method. ``model_choice`` is the model the
     front end chose (``EngineSetup.model``; default: ``choose_model`` with ``--model-impl
-    auto``). ``kernel_selection`` and ``step_tokens``: see ``make_linear_kernel_selector``.
+    auto``). ``kernel_selection``, ``step_tokens`` and ``step_graph`` (False under
+    ``--enforce-eager``): see ``make_linear_kernel_selector``.
     """
     options = plugin_options or {}
     choice = model_choice or choose_model(catalog, architectures_of(hf_config))
@@ -214,12 +219,14 @@ def build_model(
         dtype=dtype, block_size=block_size, attention_backend=backend,
         backend_options=validated_options(catalog, ATTENTION_BACKENDS, backend_name, backend,
                                           options),
-        op_classes=resolve_custom_ops(catalog, custom_ops, platform.device_type,
-                                      platform.info()),
+        op_classes=resolve_custom_ops(
+            catalog, custom_ops, platform.device_type, platform.info(),
+            OpMeasurer(OpShape.of(hf_config, dtype), platform.device_type, step_tokens)
+            if kernel_selection == "measured" and platform.device_type == "cpu" else None),
         dispatch_key=platform.device_type,
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels,
-            selection=kernel_selection, step_tokens=step_tokens),
+            selection=kernel_selection, step_tokens=step_tokens, step_graph=step_graph),
         tp=tp, quant_config=quant_config,
     )
     arch = choice.architecture

@@ -1,7 +1,8 @@
 """``engine kernels list|clear``: the kernel choices measured on this machine.
 
 With ``--kernel-selection measured`` (the default) the engine times the linear kernels that
-can run each layer shape, and the attention backends that can serve the model, and keeps each decision in the cache directory
+can run each layer shape, the attention backends that can serve the model and the custom
+ops' implementations, and keeps each decision in the cache directory
 (``engine.core.kernel_choice.store``); ``list`` shows them, ``clear`` removes them so the
 next start measures again (after a BIOS change, say, or a machine that was busy when it
 measured).
@@ -19,8 +20,8 @@ from engine.server.cli._logging_args import add_log_level
 
 DESCRIPTION = (
     "With --kernel-selection measured (the default), an engine times the linear kernels "
-    "that can run each layer shape, and the attention backends that can serve the model, "
-    "on this machine and keeps each decision in the cache "
+    "that can run each layer shape, the attention backends that can serve the model and the "
+    "custom ops' implementations on this machine and keeps each decision in the cache "
     "directory ($ENGINE_CACHE_DIR, else ~/.cache/engine) for later starts. list shows them; "
     "clear removes them, so the next start measures again (after the machine was busy "
     "while it measured, say).")
@@ -66,6 +67,10 @@ def _list(args: argparse.Namespace) -> int:
 
 def _subject(key: dict[str, Any]) -> str:
     """What a record chose for: a linear layer shape, or the attention of a layer spec."""
+    if key.get("what") == "custom_op":
+        shape = key.get("shape", {})
+        return (f"custom op {key.get('op')} hidden={shape.get('hidden_size')} "
+                f"{shape.get('dtype')}")
     if key.get("what") == "attention":
         spec = key.get("spec", {})
         return (f"attention heads={spec.get('num_heads')}/{spec.get('num_kv_heads')} "
