@@ -24,6 +24,7 @@ from engine.core.kernel_choice.timing import (
     Timing,
     as_in_a_step,
     interleaved_rounds,
+    relative_error,
     round_spread,
 )
 from engine.core.plugin_faults import describe
@@ -136,8 +137,7 @@ def _inputs(spec: AttentionSpec, dtype: torch.dtype, step: _Step) -> dict[str, t
 
 
 def _check(got: torch.Tensor, want: torch.Tensor, tolerance: float) -> None:
-    error = float((got.float() - want.float()).abs().max()) / max(
-        float(want.float().abs().max()), 1e-6)
+    error = relative_error(got, want)
     if not error <= tolerance:
         raise ValueError(f"its output differs from the first candidate's by {error:.3g} of "
                          f"the largest value (at most {tolerance:g} allowed)")

@@ -23,6 +23,7 @@ from engine.core.kernel_choice.timing import (
     Timing,
     as_in_a_step,
     interleaved_rounds,
+    relative_error,
     round_spread,
 )
 from engine.core.plugin_faults import describe
@@ -96,8 +97,7 @@ def _check(got: Any, want: Any, tolerance: float) -> None:
         raise ValueError(f"its outputs are {[tuple(g.shape) for g in got]}, the reference's "
                          f"{[tuple(w.shape) for w in want]}")
     for g, w in zip(got, want, strict=True):
-        error = float((g.float() - w.float()).abs().max()) / max(float(w.float().abs().max()),
-                                                                  1e-6)
+        error = relative_error(g, w)
         if not error <= tolerance:
             raise ValueError(f"its output differs from the reference (forward_native) by "
                              f"{error:.3g} of the largest value (at most {tolerance:g})")

@@ -137,7 +137,7 @@ def _check(kernel: LinearKernel, layer: _Layer, x: torch.Tensor, tolerance: floa
     if tuple(got.shape) != tuple(want.shape) or got.dtype != x.dtype:
         raise ValueError(f"its product is {tuple(got.shape)} {got.dtype}, not "
                          f"{tuple(want.shape)} {x.dtype}")
-    error = float((got.float() - want).abs().max()) / max(float(want.abs().max()), 1e-6)
+    error = relative_error(got, want)
     if not error <= tolerance:
         raise ValueError(f"its product differs from F.linear's by {error:.3g} of the "
                          f"largest value (at most {tolerance:g} allowed)")
@@ -235,6 +235,12 @@ def interleaved_rounds(calls: dict[str, Callable[[], object]], repeats: int = MI
         fastest = min(min(times[name]) for name in alive)
         alive = [name for name in alive if min(times[name]) <= DROP_FACTOR * fastest]
     return times
+
+
+def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
+    """The largest difference from ``want``, over ``want``'s largest magnitude."""
+    return float((got.float() - want.float()).abs().max()) / max(
+        float(want.float().abs().max()), 1e-6)
 
 
 def round_spread(times: list[float]) -> float:
