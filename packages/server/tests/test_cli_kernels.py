@@ -44,7 +44,8 @@ def test_clear_removes_them_and_list_says_where_they_would_be(kept, capsys):
     assert not kept.path.exists()
 
 
-def test_list_shows_attention_and_custom_op_choices_by_what_they_serve(tmp_path, monkeypatch, capsys):
+def test_list_shows_attention_and_custom_op_choices_by_what_they_serve(tmp_path, monkeypatch,
+                                                                       capsys):
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
     timings = [Timing("cpu", (1e-4, 2e-3), (1.0, 1.0), False),
                Timing("torch", (4e-4, 1e-3), (1.0, 1.0), False)]
