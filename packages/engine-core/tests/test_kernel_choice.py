@@ -164,6 +164,19 @@ def test_kernels_are_timed_without_the_model_builders_device_mode():
     assert SeesModes.enabled and not any(SeesModes.enabled)
 
 
+def test_a_choice_made_under_instruction_limits_is_kept_apart(monkeypatch):
+    """A build for an older CPU (``-march=haswell``) or torch/oneDNN held to AVX2 measures
+    other kernels: their records must not be read without those limits, nor the reverse."""
+    for name in ("ENGINE_CPU_KERNELS_MARCH", *selection.ISA_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    assert "isa" not in selection.machine_key()
+    monkeypatch.setenv("ENGINE_CPU_KERNELS_MARCH", "haswell")
+    assert selection.machine_key()["isa"] == {"march": "haswell"}
+    monkeypatch.delenv("ENGINE_CPU_KERNELS_MARCH")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert selection.machine_key()["isa"] == {"march": "native", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
 def test_a_plan_describes_its_times_and_round_trips_through_json():
     plan = choose([_timing("a", 1e-5, 2e-5), _timing("b", 3e-5, 1e-5)], row_buckets(3),
                   ["a", "b"], {"c": "ZeroDivisionError: boom"})

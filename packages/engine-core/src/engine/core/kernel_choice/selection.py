@@ -18,6 +18,7 @@ import functools
 import hashlib
 import inspect
 import logging
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
@@ -32,6 +33,7 @@ from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
 from engine.core.kernel_choice.timing import time_kernels
 from engine.core.machine import cpu_flags, cpu_model
+from engine.core.native.library import target_arch
 from engine.sdk.errors import UnsupportedError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.platform import PlatformInfo
@@ -73,11 +75,26 @@ def identity(name: str, cls: type, version: str) -> list[str]:
     return [name, f"{cls.__module__}:{cls.__qualname__}", version, _source_digest(source)]
 
 
+#: Variables that hold torch, oneDNN and MKL to fewer instructions than the CPU has
+#: (``benchmarks/isa_avx2.py``): a choice made under them is not one made without.
+ISA_VARIABLES = ("ATEN_CPU_CAPABILITY", "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA",
+                 "MKL_ENABLE_INSTRUCTIONS")
+
+
 def machine_key() -> dict[str, Any]:
-    """What every measurement here depends on besides its candidates and shapes."""
+    """What every measurement here depends on besides its candidates and shapes.
+
+    The CPU and its flags, torch, the thread count, the ``-march`` the engine's kernels are
+    built for (``ENGINE_CPU_KERNELS_MARCH``) and the instruction-set limits set in the
+    environment.
+    """
     flags = hashlib.sha256(cpu_flags().encode()).hexdigest()[:16]
-    return {"cpu": cpu_model(), "cpu_flags": flags, "torch": torch.__version__,
-            "threads": torch.get_num_threads()}
+    key = {"cpu": cpu_model(), "cpu_flags": flags, "torch": torch.__version__,
+           "threads": torch.get_num_threads()}
+    limits = {name: os.environ[name] for name in ISA_VARIABLES if os.environ.get(name)}
+    if target_arch() != "native" or limits:  # absent otherwise: records made before agree
+        key["isa"] = {"march": target_arch(), **limits}
+    return key
 
 
 def eligible_kernels(kernels: Sequence[type[LinearKernel]], info: PlatformInfo,
