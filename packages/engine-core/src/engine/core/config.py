@@ -124,10 +124,12 @@ class EngineConfig(BaseModel):
         None, description="force this linear kernel (engine.linear_kernels name) for every "
         "layer; default: the highest-priority kernel that can run each layer")
     kernel_selection: KernelSelection = Field(
-        "measured", description="how the linear kernel of each layer is chosen among those "
-        "that can run it: measured (timed on this machine at the step sizes the engine runs, "
-        "the decision kept in the cache directory for later starts; on the CPU, for "
-        "unquantized layers) or priority (the highest-priority kernel)")
+        "measured", description="how the linear kernel of each layer, the attention backend "
+        "and each custom op's implementation are chosen among those that can run them: "
+        "measured (timed on this machine at the step sizes the engine runs, the decision "
+        "kept in the cache directory for later starts; on the CPU, for unquantized layers; "
+        "see `engine kernels list`) or priority (the highest-priority kernel, the platform's "
+        "default backend, the ranked op)")
     disabled_kernels: tuple[str, ...] = Field(
         (), description="linear kernels never to use (names, comma-separated on the CLI)")
     logits_processors: tuple[str, ...] = Field(
