@@ -17,6 +17,20 @@ def _no_hub(hub_offline: None) -> None:
     """Every test runs without Hugging Face Hub access (engine.testing's ``hub_offline``)."""
 
 
+@pytest.fixture
+def choice_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache directory of its own for measured kernel choices, which keeps every record.
+
+    A record measured on a busy machine is measured again at the next start
+    (test_kernel_choice tests that); the tests using this one read their record back.
+    """
+    from engine.core.kernel_choice import selection
+
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(selection, "STEADY_SPREAD", float("inf"))
+    return tmp_path
+
+
 @pytest.fixture(scope="session")
 def tiny_llama(tiny_llama_checkpoint: Path) -> Path:
     """engine.testing's tiny random Llama checkpoint (built once per run, deterministic)."""

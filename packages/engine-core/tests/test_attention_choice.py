@@ -17,7 +17,7 @@ import torch
 
 from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
 from engine.core.attention.torch_backend import TorchAttentionImpl
-from engine.core.kernel_choice import attention_selection, selection, store
+from engine.core.kernel_choice import attention_selection, store
 from engine.core.kernel_choice.attention_selection import measured_attention_backend
 from engine.core.native import native_kernels
 from engine.core.platforms._builtin import CpuPlatform, CudaPlatform
@@ -82,21 +82,13 @@ def catalog(*backends: type) -> PluginCatalog:
     return PluginCatalog(entries, Allowlist.from_env(None))
 
 
-@pytest.fixture
-def cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
-    # a busy machine's record is measured again (test_kernel_choice); here it is kept
-    monkeypatch.setattr(selection, "STEADY_SPREAD", float("inf"))
-    return tmp_path
-
-
 def choose(plugins: PluginCatalog, spec: AttentionSpec = SPEC, platform: Any = CpuPlatform,
            ) -> str:
     return measured_attention_backend(plugins, platform, spec, torch.float32, default="torch",
                                       step_tokens=128)
 
 
-@pytest.mark.usefixtures("cache")
+@pytest.mark.usefixtures("choice_cache")
 def test_a_faster_third_party_backend_serves_and_the_choice_is_kept(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     plugins = catalog(FastPaged, WrongOutput, Raises)
@@ -122,7 +114,7 @@ def test_a_faster_third_party_backend_serves_and_the_choice_is_kept(
     assert "kept in" in caplog.text
 
 
-@pytest.mark.usefixtures("cache")
+@pytest.mark.usefixtures("choice_cache")
 def test_what_is_not_measured_keeps_the_platforms_default(
         monkeypatch: pytest.MonkeyPatch) -> None:
     def no_timing(*args: Any) -> Any:

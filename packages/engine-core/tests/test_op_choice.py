@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from engine.core.custom_op_selection import select_custom_ops
-from engine.core.kernel_choice import op_selection, selection, store
+from engine.core.kernel_choice import op_selection, store
 from engine.core.kernel_choice.op_selection import OpMeasurer, OpShape
 from engine.core.model_executor.layers.builtin_ops import RMSNorm
 from engine.core.native import native_kernels
@@ -57,21 +57,13 @@ def catalog(*ops: tuple[str, type]) -> PluginCatalog:
     return PluginCatalog(entries, Allowlist.from_env(None))
 
 
-@pytest.fixture
-def cache(tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path))
-    # a busy machine's record is measured again (test_kernel_choice); here it is kept
-    monkeypatch.setattr(selection, "STEADY_SPREAD", float("inf"))
-    return tmp_path
-
-
 def chosen(plugins: PluginCatalog, shape: OpShape = SHAPE) -> type | None:
     selected = select_custom_ops(plugins, None, "cpu", CPU, OpMeasurer(shape, "cpu", 64))
     return selected["rms_norm"][1] if "rms_norm" in selected else None
 
 
 @pytest.mark.skipif(NATIVE is None, reason="the built-in's CPU path needs the native kernels")
-@pytest.mark.usefixtures("cache")
+@pytest.mark.usefixtures("choice_cache")
 def test_the_fastest_implementation_is_built_whatever_the_priorities(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
     plugins = catalog(("slow-norms", SlowNorm), ("wrong-norms", WrongNorm))
@@ -89,7 +81,7 @@ def test_the_fastest_implementation_is_built_whatever_the_priorities(
     assert chosen(plugins) is None  # read back
 
 
-@pytest.mark.usefixtures("cache")
+@pytest.mark.usefixtures("choice_cache")
 def test_two_third_parties_of_equal_standing_are_measured_not_refused() -> None:
     class FastNorm(SlowNorm):
         def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:

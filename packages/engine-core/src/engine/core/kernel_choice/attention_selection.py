@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from engine.core.kernel_choice.attention_timing import CONTEXT, time_backends
-from engine.core.kernel_choice.buckets import row_buckets
+from engine.core.kernel_choice.buckets import bucket_triples, row_buckets
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.selection import decide, identity, machine_key
 from engine.core.plugin_options import validated_options
@@ -98,7 +98,7 @@ def measured_attention_backend(catalog: PluginCatalog, platform: type[Platform],
              "backends": [identity(name, cls, providers.get(name, ""))
                           for name, cls, _ in candidates],
              "spec": spec_key, "context": CONTEXT,
-             "buckets": [[b.lower, b.upper, b.rows] for b in buckets]}
+             "buckets": bucket_triples(buckets)}
 
     def measure() -> KernelPlan | None:
         timings, failed = time_backends(candidates, here, dtype, buckets)

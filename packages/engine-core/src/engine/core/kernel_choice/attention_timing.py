@@ -23,9 +23,9 @@ from engine.core.kernel_choice.timing import (
     TOLERANCE,
     Timing,
     as_in_a_step,
+    collect_timings,
     interleaved_rounds,
     relative_error,
-    round_spread,
 )
 from engine.core.plugin_faults import describe
 from engine.sdk.attention import (
@@ -151,8 +151,7 @@ def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], Plugin
     ``candidates``: (name, class, options), the reference (the platform's default) first.
     """
     failed: dict[str, str] = {}
-    seconds: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
-    spreads: dict[str, list[float]] = {name: [] for name, _, _ in candidates}
+    rounds: list[dict[str, list[float]]] = []
     tolerance = TOLERANCE.get(spec.dtype, 3e-2)
     with as_in_a_step():
         for bucket in buckets:
@@ -174,12 +173,5 @@ def time_backends(candidates: Sequence[tuple[str, type[AttentionBackend], Plugin
                     failed[name] = describe(exc)
                     continue
                 runners[name] = runner
-            times = interleaved_rounds({n: r.run for n, r in runners.items()})
-            for name in runners:
-                seconds[name].append(min(times[name]))
-                spreads[name].append(round_spread(times[name]))
-    timings = [Timing(name, tuple(seconds[name]), tuple(spreads[name]), keeps_layer=False)
-               for name, _, _ in candidates
-               if name not in failed and len(seconds[name]) == len(buckets)]
-    return timings, failed
-
+            rounds.append(interleaved_rounds({n: r.run for n, r in runners.items()}))
+    return collect_timings(rounds, [name for name, _, _ in candidates]), failed

@@ -48,6 +48,11 @@ def row_buckets(step_tokens: int) -> tuple[RowBucket, ...]:
     return tuple(buckets)
 
 
+def bucket_triples(buckets: Sequence[RowBucket]) -> list[list[int | None]]:
+    """``[[lower, upper, rows], ...]``: the buckets as a record and a decision's key hold them."""
+    return [[b.lower, b.upper, b.rows] for b in buckets]
+
+
 def upper_bounds(buckets: Sequence[RowBucket]) -> list[int]:
     """The bounds ``bucket_index`` looks ``rows`` up in (all buckets but the last)."""
     return [b.upper or 0 for b in buckets[:-1]]

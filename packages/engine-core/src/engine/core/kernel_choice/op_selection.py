@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from engine.core.kernel_choice.buckets import row_buckets
+from engine.core.kernel_choice.buckets import bucket_triples, row_buckets
 from engine.core.kernel_choice.op_timing import OpShape, time_ops
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.selection import decide, identity, logger, machine_key
@@ -54,7 +54,7 @@ class OpMeasurer:
                  "implementations": [identity(name, cls, entry.provider)
                                      for name, (entry, cls) in by_label.items()],
                  "shape": asdict(self.shape),
-                 "buckets": [[b.lower, b.upper, b.rows] for b in self.buckets]}
+                 "buckets": bucket_triples(self.buckets)}
 
         def measure() -> KernelPlan | None:
             measured = time_ops(op, [(name, cls) for name, (_, cls) in by_label.items()],

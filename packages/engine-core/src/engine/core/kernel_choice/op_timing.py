@@ -22,9 +22,9 @@ from engine.core.kernel_choice.timing import (
     TOLERANCE,
     Timing,
     as_in_a_step,
+    collect_timings,
     interleaved_rounds,
     relative_error,
-    round_spread,
 )
 from engine.core.plugin_faults import describe
 from engine.sdk.ops import BUILTIN_OPS, CustomOp, RotaryEmbeddingOp
@@ -118,8 +118,7 @@ def time_ops(op: str, candidates: Sequence[tuple[str, type[CustomOp]]], shape: O
     tolerance = TOLERANCE.get(shape.dtype, 3e-2)
     failed: dict[str, str] = {}
     built: dict[str, CustomOp] = {}
-    seconds: dict[str, list[float]] = {name: [] for name, _ in candidates}
-    spreads: dict[str, list[float]] = {name: [] for name, _ in candidates}
+    rounds: list[dict[str, list[float]]] = []
     with as_in_a_step():
         for name, cls in candidates:
             try:
@@ -140,11 +139,5 @@ def time_ops(op: str, candidates: Sequence[tuple[str, type[CustomOp]]], shape: O
                     continue
                 # in-place ops work on their own copy
                 calls[name] = functools.partial(instance, *(a.clone() for a in args))
-            times = interleaved_rounds(calls, repeats=OP_CALLS)
-            for name in calls:
-                seconds[name].append(min(times[name]))
-                spreads[name].append(round_spread(times[name]))
-    timings = [Timing(name, tuple(seconds[name]), tuple(spreads[name]), keeps_layer=False)
-               for name, _ in candidates
-               if name not in failed and len(seconds[name]) == len(buckets)]
-    return timings, failed
+            rounds.append(interleaved_rounds(calls, repeats=OP_CALLS))
+    return collect_timings(rounds, [name for name, _ in candidates]), failed

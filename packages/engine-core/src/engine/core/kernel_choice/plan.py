@@ -20,7 +20,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.kernel_choice.buckets import RowBucket, bucket_index, upper_bounds
+from engine.core.kernel_choice.buckets import (
+    RowBucket,
+    bucket_index,
+    bucket_triples,
+    upper_bounds,
+)
 from engine.core.kernel_choice.timing import Timing
 
 #: How much faster than the main kernel another must be to run a bucket.
@@ -77,7 +82,7 @@ class KernelPlan:
         return True
 
     def to_json(self) -> dict[str, Any]:
-        return {"buckets": [[b.lower, b.upper, b.rows] for b in self.buckets],
+        return {"buckets": bucket_triples(self.buckets),
                 "kernels": list(self.kernels),
                 "timings": [{"name": t.name, "seconds": list(t.seconds),
                              "spread": list(t.spread), "keeps_layer": t.keeps_layer,

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from engine.core.kernel_choice import KernelSelection, store
-from engine.core.kernel_choice.buckets import row_buckets
+from engine.core.kernel_choice.buckets import bucket_triples, row_buckets
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
 from engine.core.kernel_choice.timing import time_kernels
@@ -160,7 +160,7 @@ class MeasuredSelector:
                 "kernels": [identity(label(k), k, self.versions.get(label(k), ""))
                             for k in eligible],
                 "config": asdict(config), "step_graph": self.step_graph,
-                "buckets": [[b.lower, b.upper, b.rows] for b in self.buckets]}
+                "buckets": bucket_triples(self.buckets)}
 
     def _plan(self, config: LinearKernelConfig,
               eligible: Sequence[type[LinearKernel]]) -> KernelPlan | None:

@@ -15,7 +15,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -184,40 +184,55 @@ def time_kernels(candidates: Sequence[type[LinearKernel]], config: LinearKernelC
         recorded = {name: True for name in instances}
         rounds = []
         for bucket in buckets:
-            calls = {}
+            calls, products = {}, {}
             for name, pairs in instances.items():
-                calls[name], replayed = _calls(pairs, probe[:bucket.rows], bucket, platform,
-                                               step_graph)
+                each, replayed = _calls(pairs, probe[:bucket.rows], bucket, platform,
+                                        step_graph)
+                calls[name], products[name] = _in_turn(each), len(each)
                 recorded[name] = recorded[name] and replayed
-            products = 2 if bucket.rows > STREAMED_ROWS else copies
-            rounds.append({name: [t / products for t in times] for name, times in
+            rounds.append({name: [t / products[name] for t in times] for name, times in
                            interleaved_rounds(calls, repeats=1).items()})
-    timings = [Timing(name, tuple(min(r[name]) for r in rounds),
-                      tuple(round_spread(r[name]) for r in rounds), keeps[name],
-                      recorded[name])
-               for name in instances]
-    return timings, failed
+    return collect_timings(rounds, list(instances), keeps, recorded), failed
 
 
 def _calls(pairs: Sequence[tuple[LinearKernel, _Layer]], x: torch.Tensor, bucket: RowBucket,
            platform: PlatformInfo | None, step_graph: bool,
-           ) -> tuple[Callable[[], object], bool]:
+           ) -> tuple[list[Callable[[], object]], bool]:
     """One product per weight copy, as a step runs it; and whether from a graph."""
     if bucket.rows > STREAMED_ROWS:  # bound by compute: two weight copies suffice
         pairs = pairs[:2]
     each = graph_replays(pairs, x, platform) if step_graph else None
-    replayed = each is not None
-    if each is None:
-        each = [functools.partial(kernel.apply, layer, x, layer.bias) for kernel, layer in pairs]
+    if each is not None:
+        return each, True
+    return [functools.partial(kernel.apply, layer, x, layer.bias)
+            for kernel, layer in pairs], False
 
-    def products() -> None:
-        for call in each:
+
+def _in_turn(calls: Sequence[Callable[[], object]]) -> Callable[[], None]:
+    def run() -> None:
+        for call in calls:
             call()
 
-    return products, replayed
+    return run
 
 
-def interleaved_rounds(calls: dict[str, Callable[[], object]], repeats: int = MIN_CALLS,
+def collect_timings(rounds: Sequence[Mapping[str, list[float]]], names: Sequence[str],
+                    keeps: Mapping[str, bool] | None = None,
+                    recorded: Mapping[str, bool] | None = None) -> list[Timing]:
+    """A ``Timing`` per name timed in every bucket's rounds (``interleaved_rounds``).
+
+    Its best round and spread per bucket; a name missing from a bucket (left out there)
+    gets none. ``keeps`` and ``recorded``: ``keeps_layer`` and ``recordable`` by name
+    (default False).
+    """
+    keeps, recorded = keeps or {}, recorded or {}
+    return [Timing(name, tuple(min(r[name]) for r in rounds),
+                   tuple(round_spread(r[name]) for r in rounds), keeps.get(name, False),
+                   recorded.get(name, False))
+            for name in names if all(name in r for r in rounds)]
+
+
+def interleaved_rounds(calls: Mapping[str, Callable[[], object]], repeats: int = MIN_CALLS,
                        ) -> dict[str, list[float]]:
     """Each call's seconds per run in each of ``ROUNDS`` rounds, the calls in turns.
 
