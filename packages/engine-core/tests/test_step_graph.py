@@ -24,6 +24,8 @@ from engine.core.native import graph as native_graph
 from engine.core.native import library, native_kernels
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.worker import step_graph
+from engine.sdk import graph_calls
+from engine.sdk.graph_calls import GraphFunction
 
 NATIVE = native_kernels()
 pytestmark = pytest.mark.skipif(
@@ -129,8 +131,9 @@ def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
 
 @pytest.mark.parametrize(("options", "reason"), [
     ({"enforce_eager": True}, "(--enforce-eager)"),
-    ({"attention_backend": "torch"}, "the attention metadata builder engine.core.attention."
-     "torch_backend.TorchAttentionMetadataBuilder is not the cpu backend's"),
+    ({"attention_backend": "torch"}, "(attention metadata builder engine.core.attention."
+     "torch_backend.TorchAttentionMetadataBuilder): it gives no metadata a graph can hold "
+     "(its graph_metadata returns None)"),
     ({"linear_kernel": "onednn"}, "layers.0.self_attn.qkv_proj (linear kernel 'onednn' "
      "(engine.core.model_executor.linear_kernels.OneDNNLinearKernel)): oneDNN's product is "
      "not a native kernel"),
@@ -185,6 +188,26 @@ def _known(*tensors: torch.Tensor) -> list[torch.Tensor]:
     return list(tensors)
 
 
+def test_a_graph_function_reading_memory_a_replay_cannot_reach_is_refused_naming_it(
+) -> None:
+    assert NATIVE is not None
+    weight, elsewhere = torch.ones(8), torch.ones(8)
+    function = NATIVE.graph_functions["copy_rows"]
+    plugin = GraphFunction(function.address, "acme.copy")
+
+    def forward(rows: int) -> torch.Tensor:
+        x = torch.empty(rows, 8)
+        plugin(elsewhere, 0, x, 32, rows, 32)
+        return x
+
+    with pytest.raises(NotCapturable, match=r"^acme\.copy reads memory that is neither the "
+                                            r"model's"):
+        record(NATIVE, forward, 4, _known(weight))
+    recording = record(NATIVE, forward, 4, _known(weight, elsewhere))
+    assert [(call.name, call.address) for call in recording.ops] == [
+        ("acme.copy", function.address)]
+
+
 def test_torch_compute_in_the_pass_is_refused_naming_the_op() -> None:
     assert NATIVE is not None
     weight = torch.ones(8)
@@ -196,7 +219,7 @@ def test_torch_compute_in_the_pass_is_refused_naming_the_op() -> None:
 
     with pytest.raises(NotCapturable, match=r"runs the torch op aten\.add"):
         record(NATIVE, forward, 4, _known(weight))
-    assert NATIVE.recorder is None  # left as it was
+    assert not graph_calls.is_recording()  # left as it was
 
 
 def test_a_call_that_depends_on_the_token_count_is_refused() -> None:
@@ -292,10 +315,9 @@ def test_buffers_alive_at_once_never_share_the_arena() -> None:
         recording.allocated(torch.empty(size, dtype=torch.uint8))
     buffers = [native_graph._Buffer(i, 0) for i in range(4)]
     # lifetimes (by call): 0: [0, 1], 1: [1, 2], 2: [2, 3], 3: [0, 3] (the output)
-    recording.ops = [("copy_rows", [buffers[0], buffers[3]]),
-                     ("copy_rows", [buffers[0], buffers[1]]),
-                     ("copy_rows", [buffers[1], buffers[2]]),
-                     ("copy_rows", [buffers[2], buffers[3]])]
+    recording.ops = [native_graph._Call("copy_rows", 1, [a, b])
+                     for a, b in ((buffers[0], buffers[3]), (buffers[0], buffers[1]),
+                                  (buffers[1], buffers[2]), (buffers[2], buffers[3]))]
     recording.outputs = [(buffers[3], (1,), (1, 1), torch.uint8)]
     offsets, total = native_graph._plan(recording)
     spans = native_graph._lifetimes(recording)

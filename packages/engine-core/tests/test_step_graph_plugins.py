@@ -2,9 +2,12 @@
 
 Every component of the pass answers ``capture_support``: engine-test-plugin-capture's
 Qwen3 (built through ``ctx.layers``) and its kernel composing the engine's ``cpu`` kernel
-are recorded; a subclass of a built-in inherits its declaration; a model or custom op that
-does not declare keeps the pass eager, named with its plugin in the INFO line; a kernel
-that declares but multiplies in torch is refused by the recorder, naming the op.
+are recorded, and so are its kernel calling its own C code through the SDK's
+``GraphFunction`` (``engine.sdk.graph_calls``) and its attention backend whose own
+metadata builder gives the graph fixed buffers (``graph_metadata``); a subclass of a
+built-in inherits its declaration; a model or custom op that does not declare keeps the
+pass eager, named with its plugin in the INFO line; a kernel that declares but
+multiplies in torch is refused by the recorder, naming the op.
 """
 
 from __future__ import annotations
@@ -19,10 +22,13 @@ import pytest
 import torch
 
 from engine.core import LLM, SamplingParams
+from engine.core.attention import CpuAttentionBackend
+from engine.core.attention.cpu_backend import CpuAttentionMetadataBuilder
 from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.native import native_kernels
 from engine.core.native.graph import KernelGraph
-from engine.sdk.groups import CUSTOM_OPS, MODELS
+from engine.sdk.capture import CaptureContext
+from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, MODELS
 from engine.sdk.model import ModelInterface
 from engine.sdk.ops import RMSNormOp
 from engine.testing.engine import assert_kv_pool_full, hf_greedy
@@ -63,6 +69,19 @@ class TorchRMSNorm(RMSNormOp):
 
     def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
         return self.forward_native(x, residual)
+
+
+class RaisingBuilder(CpuAttentionMetadataBuilder):
+    """A metadata builder whose ``graph_metadata`` fails."""
+
+    def graph_metadata(self, ctx: CaptureContext) -> Any:
+        raise RuntimeError("no buffers today")
+
+
+class RaisingBackend(CpuAttentionBackend):
+    @classmethod
+    def get_builder_cls(cls) -> Any:
+        return RaisingBuilder
 
 
 @pytest.fixture(scope="module")
@@ -146,6 +165,44 @@ def test_a_plugin_kernel_composing_the_cpu_kernel_is_recorded(
     assert replays["run"] >= MAX_TOKENS - 1
 
 
+def test_a_plugin_kernel_with_its_own_native_code_is_recorded(
+        capture_plugins: Path, tiny_llama: Path, replays: Counter[str]) -> None:
+    from engine_test_plugin_capture import native  # type: ignore[import-not-found]
+
+    with make_llm(tiny_llama, linear_kernel="test_capture_native", enforce_eager=True) as llm:
+        eager = generate(llm)
+    assert native.CALLS["apply"] > 0  # its C code multiplied every layer, eagerly
+    with make_llm(tiny_llama, linear_kernel="test_capture_native") as llm:
+        graph = runner_of(llm).step_graph
+        assert graph is not None
+        # Its calls are in the graph beside the engine's own kernels' (7 products a layer).
+        names = Counter(graph.graph.names)
+        assert names["test_capture.matmul"] >= 7 and names["paged_attention"] >= 1
+        replays.clear()
+        calls = native.CALLS["apply"]
+        assert generate(llm) == eager
+        assert native.CALLS["apply"] - calls < MAX_TOKENS  # the decode steps ran the graph
+    assert replays["run"] >= MAX_TOKENS - 1
+    assert eager == hf_greedy(tiny_llama, PROMPTS, MAX_TOKENS)
+
+
+def test_a_plugin_attention_backend_with_its_own_metadata_builder_is_recorded(
+        capture_plugins: Path, tiny_llama: Path, replays: Counter[str]) -> None:
+    from engine_test_plugin_capture import attention  # type: ignore[import-not-found]
+
+    with make_llm(tiny_llama, enforce_eager=True) as llm:
+        eager = generate(llm)
+    with make_llm(tiny_llama, attention_backend="test_capture_paged") as llm:
+        runner = runner_of(llm)
+        assert type(runner.builder).__module__ == "engine_test_plugin_capture.attention"
+        assert runner.step_graph is not None
+        replays.clear()
+        fills = attention.FILLS["fill"]
+        assert generate(llm) == eager
+    assert replays["run"] >= MAX_TOKENS - 1
+    assert attention.FILLS["fill"] - fills == replays["run"]  # its buffers, every replay
+
+
 def test_a_kernel_that_declares_but_multiplies_in_torch_is_refused_naming_the_op(
         capture_plugins: Path, tiny_llama: Path, caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger=LOGGER), make_llm(
@@ -190,6 +247,25 @@ def test_a_component_that_does_not_declare_keeps_the_pass_eager_naming_its_plugi
         generate(llm)
     lines = [r.message for r in caplog.records if "CPU step graph" in r.message]
     assert len(lines) == 1 and f"not used, the model runs eagerly {reason}" in lines[0]
+
+
+def test_a_metadata_builder_whose_graph_metadata_raises_keeps_the_pass_eager_named(
+        monkeypatch: pytest.MonkeyPatch, tiny_llama: Path,
+        caplog: pytest.LogCaptureFixture) -> None:
+    with make_llm(tiny_llama, plugins="none", enforce_eager=True) as llm:
+        eager = generate(llm)
+    entry_installer(monkeypatch, "acme-plugins", "0.1.0")(ATTENTION_BACKENDS, "cpu",
+                                                          RaisingBackend)
+    with caplog.at_level(logging.INFO, logger=LOGGER), make_llm(tiny_llama) as llm:
+        assert type(runner_of(llm).builder) is RaisingBuilder
+        assert runner_of(llm).step_graph is None
+        assert generate(llm) == eager  # served, eagerly
+    lines = [r.message for r in caplog.records if "CPU step graph" in r.message]
+    assert len(lines) == 1, lines
+    assert (f"not used, the model runs eagerly ((attention metadata builder {__name__}."
+            f"RaisingBuilder of plugin 'cpu' (group engine.attention_backends, distribution "
+            f"acme-plugins 0.1.0)): graph_metadata raised RuntimeError: no buffers today)"
+            ) in lines[0]
 
 
 def test_a_compute_logits_the_graph_cannot_record_stays_eager_alone(

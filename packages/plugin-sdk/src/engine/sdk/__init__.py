@@ -15,6 +15,7 @@ from engine.sdk.attention import (
     AttentionSpec,
     CommonAttentionMetadata,
     CudaGraphSupport,
+    GraphMetadata,
 )
 from engine.sdk.capture import Capturable, CaptureContext, GraphKind
 from engine.sdk.context import PluginContext
@@ -26,6 +27,7 @@ from engine.sdk.errors import (
     UnsupportedError,
     ValidationError,
 )
+from engine.sdk.graph_calls import GraphFunction
 from engine.sdk.io_processor import (
     GenerationResult,
     IOProcessor,
@@ -205,4 +207,6 @@ __all__ = [
     "Capturable",
     "CaptureContext",
     "GraphKind",
+    "GraphFunction",
+    "GraphMetadata",
 ]

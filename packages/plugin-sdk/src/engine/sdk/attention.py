@@ -271,6 +271,68 @@ class AttentionMetadataBuilder(ABC, Generic[MetadataT]):
         """
         raise NotImplementedError
 
+    def graph_metadata(self, ctx: CaptureContext) -> GraphMetadata[MetadataT] | None:
+        """This builder's metadata in buffers a graph of ``ctx.kind`` can hold, or None.
+
+        Called: in the worker, each time the engine records the forward pass into a CPU
+        step graph (``ctx.kind`` is ``GraphKind.CPU_STEP_GRAPH``; ``ctx.max_tokens``,
+        ``ctx.max_reqs`` and ``ctx.max_blocks_per_req`` size the buffers). CUDA graphs
+        do not ask it.
+
+        Returns:
+            A :class:`GraphMetadata` sized for ``ctx``, or None (the default): the
+            backend's metadata is built per step, so the model runs eagerly with that
+            reason logged, naming this builder.
+
+        .. versionadded:: 1.1
+        """
+        return None
+
+
+class GraphMetadata(ABC, Generic[MetadataT]):
+    """A backend's metadata in buffers that stay put: what a recorded graph reads.
+
+    A graph recorded with the CPU step graph (:class:`~engine.sdk.capture.GraphKind`)
+    fixes every pointer of the forward pass, the metadata's included: the engine records
+    the pass with :meth:`view`'s metadata, then, before each replay, has :meth:`fill` copy
+    the step's layout into the same buffers. Returned by
+    :meth:`AttentionMetadataBuilder.graph_metadata`.
+
+    .. versionadded:: 1.1
+    """
+
+    @abstractmethod
+    def tensors(self) -> Sequence[torch.Tensor]:
+        """The buffers :meth:`view`'s metadata points into (the recording may read them).
+
+        Called: once, when the engine records the pass.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def view(self, num_tokens: int) -> MetadataT:
+        """The metadata of a pass of ``num_tokens`` rows, made of views of :meth:`tensors`.
+
+        Called: while the engine records the pass, at several token counts up to the
+        graph's largest; every tensor's size along its token axis should be
+        ``num_tokens`` (or a multiple), everything else the same at every count.
+        """
+        raise NotImplementedError
+
+    @abstractmethod
+    def fill(self, common: CommonAttentionMetadata) -> None:
+        """Copy this step's layout into the buffers; a replay follows.
+
+        Called: in the worker, once per step the graph runs, before the replay. The step
+        has at most the graph's ``max_tokens`` tokens, ``max_reqs`` requests and
+        ``max_blocks_per_req`` blocks per request (:class:`~engine.sdk.capture.CaptureContext`).
+
+        Must: leave :meth:`view`'s metadata for ``common.num_actual_tokens`` rows equal to
+        what :meth:`AttentionMetadataBuilder.build` gives for ``common``, as the layers
+        read it.
+        """
+        raise NotImplementedError
+
 
 class AttentionImpl(ABC, Generic[MetadataT]):
     """The attention computation of one layer.
@@ -331,9 +393,11 @@ class AttentionImpl(ABC, Generic[MetadataT]):
         * ``GraphKind.CUDA_GRAPHS``: the backend's :attr:`AttentionBackend.cudagraph_support`
           is its declaration (since 1.0; the engine checks it first); the default says
           yes to defer to it. Override to refuse per layer.
-        * ``GraphKind.CPU_STEP_GRAPH``: only the engine's native kernel calls can be
-          replayed (see :class:`~engine.sdk.capture.GraphKind`): a backend computing in
-          torch or a library of its own answers no (the default).
+        * ``GraphKind.CPU_STEP_GRAPH``: only native calls made through a
+          :class:`~engine.sdk.graph_calls.GraphFunction` can be replayed (see
+          :class:`~engine.sdk.capture.GraphKind`), with the metadata the builder's
+          :meth:`AttentionMetadataBuilder.graph_metadata` holds: a backend computing in
+          torch answers no (the default).
 
         Returns:
             ``Support.yes()``, or ``Support.no(reason)``.

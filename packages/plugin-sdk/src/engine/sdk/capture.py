@@ -29,8 +29,8 @@ the model's own may answer for itself (and its children that do not) by defining
 What a yes promises: the component's code in the forward pass has no effect but its
 tensors' (nothing counted, logged, cached or branched on from the host that a replay
 would have to repeat), and it computes the same thing at every replay. The engine still
-checks what it can: the CPU step graph refuses any torch op that computes outside the
-engine's native kernels (naming the op), and before a graph is used, a replay must give
+checks what it can: the CPU step graph refuses any torch op that computes outside native
+calls (:mod:`engine.sdk.graph_calls`; naming the op), and before a graph is used, a replay must give
 the eager pass's results. Those checks cannot see Python side effects: the yes is the
 component's word for them.
 
@@ -55,12 +55,13 @@ class GraphKind(enum.Enum):
     """The kinds of graph the engine records a forward pass into.
 
     Attributes:
-        CPU_STEP_GRAPH: The CPU step graph: the pass is recorded as calls of the engine's
-            native CPU kernels (``engine.core.native``) with fixed pointers and replayed
-            in C for any step of up to ``max_tokens`` tokens. Only those kernel calls,
-            tensor views, copies and embedding lookups can be recorded: a component
-            whose code computes with other torch ops cannot be replayed (the recorder
-            refuses it, naming the op), whatever it answers.
+        CPU_STEP_GRAPH: The CPU step graph: the pass is recorded as native calls with
+            fixed pointers and replayed in C for any step of up to ``max_tokens``
+            tokens. Only calls made through a :class:`~engine.sdk.graph_calls.GraphFunction`
+            (the engine's kernels make theirs so; a plugin's C code joins the same way),
+            tensor views, allocations, copies and embedding lookups can be recorded: a
+            component whose code computes with other torch ops cannot be replayed (the
+            recorder refuses it, naming the op), whatever it answers.
         CUDA_GRAPHS: CUDA graphs: the pass is captured with ``torch.cuda.graph`` once per
             batch size; any CUDA work that does not synchronise with the host can be
             captured.
@@ -87,6 +88,9 @@ class CaptureContext:
         decode_only: True when the graph replays only batches whose every request has
             one query token (CUDA graphs today); False when it replays any mix of
             prefill and decode rows (the CPU step graph).
+        max_reqs: The most requests one replay computes; 0 where not fixed.
+        max_blocks_per_req: The most KV blocks of one request a replay reads (the
+            block table's width); 0 where not fixed.
 
     .. versionadded:: 1.1
     """
@@ -95,6 +99,8 @@ class CaptureContext:
     platform: PlatformInfo | None = None
     max_tokens: int = 0
     decode_only: bool = False
+    max_reqs: int = 0
+    max_blocks_per_req: int = 0
 
 
 @runtime_checkable

@@ -209,12 +209,13 @@ class LinearKernel(Plugin, ABC):
         * ``GraphKind.CUDA_GRAPHS``: yes when ``apply`` launches CUDA work only (no host
           synchronisation, no allocation whose size depends on tensor values, nothing
           else a replay would skip).
-        * ``GraphKind.CPU_STEP_GRAPH``: the graph replays the engine's native kernel
-          calls only, so a kernel that computes in torch (``F.linear``, ``torch.mm``) or
-          in a library of its own cannot be recorded. A kernel can be when ``apply``
-          only makes views and copies around a call of a kernel that can: compose a
-          first-party kernel (hold an instance, call its ``apply``, answer with its
-          ``capture_support``), or subclass one and keep its ``apply``.
+        * ``GraphKind.CPU_STEP_GRAPH``: the graph replays native calls only, so a
+          kernel that computes in torch (``F.linear``, ``torch.mm``) cannot be recorded.
+          A kernel can be when ``apply`` only makes views, allocations and copies around
+          native calls: its own C code called through a
+          :class:`~engine.sdk.graph_calls.GraphFunction`, or a first-party kernel it
+          composes (hold an instance, call its ``apply``, answer with its
+          ``capture_support``), or subclasses keeping its ``apply``.
 
         Default: no (the pass runs eagerly, with this kernel named in the log).
 

@@ -145,8 +145,9 @@ class CustomOp(Plugin, torch.nn.Module, ABC):
 
         Answer for the implementation this instance was built to run (the method
         :meth:`method_for` its ``dispatch_key`` selects). ``GraphKind.CPU_STEP_GRAPH``
-        replays only the engine's native kernel calls, so an op computing in torch or a
-        library of its own answers no there; ``GraphKind.CUDA_GRAPHS`` takes any CUDA work
+        replays only native calls (its own C code called through a
+        :class:`~engine.sdk.graph_calls.GraphFunction`, or the engine's kernels), so an op
+        computing in torch answers no there; ``GraphKind.CUDA_GRAPHS`` takes any CUDA work
         that does not synchronise with the host.
 
         Default: no (the pass runs eagerly, with this op named in the log). A subclass

@@ -32,6 +32,7 @@ from engine.sdk.attention import (
     AttentionSpec,
     CommonAttentionMetadata,
     CudaGraphSupport,
+    GraphMetadata,
 )
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.support import Support
@@ -57,7 +58,46 @@ class CpuAttentionMetadata:
     positions: torch.Tensor
 
 
+class CpuGraphMetadata(GraphMetadata[CpuAttentionMetadata]):
+    """The ``cpu`` backend's metadata in fixed buffers (the CPU step graph's)."""
+
+    def __init__(self, builder: CpuAttentionMetadataBuilder, rows: int, max_reqs: int,
+                 max_blocks: int) -> None:
+        self.builder = builder
+        self.slots = torch.zeros(rows, dtype=torch.int64)
+        self.requests = torch.zeros(rows, dtype=torch.int32)
+        self.positions = torch.zeros(rows, dtype=torch.int32)
+        self.block_table = torch.zeros(max_reqs, max_blocks, dtype=torch.int32)
+        self._arrays = [t.numpy() for t in self.tensors()]
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [self.slots, self.requests, self.positions, self.block_table]
+
+    def view(self, num_tokens: int) -> CpuAttentionMetadata:
+        # The whole table: its row stride stays the same at every token count.
+        return CpuAttentionMetadata(slots=self.slots[:num_tokens], block_table=self.block_table,
+                                    requests=self.requests[:num_tokens],
+                                    positions=self.positions[:num_tokens])
+
+    def fill(self, common: CommonAttentionMetadata) -> None:
+        step = self.builder.build(common)
+        rows = step.slots.shape[0]
+        slots, requests, positions, table = self._arrays
+        slots[:rows] = step.slots.numpy()
+        requests[:rows] = step.requests.numpy()
+        positions[:rows] = step.positions.numpy()
+        reqs, blocks = step.block_table.shape
+        table[:reqs, :blocks] = step.block_table.numpy()
+
+
 class CpuAttentionMetadataBuilder(AttentionMetadataBuilder[CpuAttentionMetadata]):
+    def graph_metadata(self, ctx: CaptureContext) -> CpuGraphMetadata | None:
+        """Fixed buffers for the CPU step graph (a row of the table per request)."""
+        if ctx.kind is not GraphKind.CPU_STEP_GRAPH or min(
+                ctx.max_tokens, ctx.max_reqs, ctx.max_blocks_per_req) < 1:
+            return None
+        return CpuGraphMetadata(self, ctx.max_tokens, ctx.max_reqs, ctx.max_blocks_per_req)
+
     def build(self, common: CommonAttentionMetadata) -> CpuAttentionMetadata:
         query_start = common.query_start_loc_cpu.numpy()
         seq_lens = common.seq_lens_cpu.numpy()

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <vector>
 
+#include "graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
 
@@ -188,3 +189,21 @@ int engine_silu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int6
 }
 
 }  // extern "C"
+
+// The step graph's entries (graph_call.h): the arguments as library.py passes them.
+ENGINE_GRAPH_ENTRY(rms_norm, 10) {
+  return engine_rms_norm(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.p(5), x.a[6], x.a[7],
+                         x.f(8), x.threads(9));
+}
+
+ENGINE_GRAPH_ENTRY(rotary_embedding, 17) {
+  return engine_rotary_embedding(x.i32(0), x.ptr<const int64_t>(1), x.a[2],
+                                 x.ptr<const float>(3), x.a[4], x.a[5], x.i32(6), x.i32(7),
+                                 x.p(8), x.a[9], x.a[10], x.i32(11), x.p(12), x.a[13],
+                                 x.a[14], x.i32(15), x.threads(16));
+}
+
+ENGINE_GRAPH_ENTRY(silu_and_mul, 8) {
+  return engine_silu_and_mul(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.a[5], x.a[6],
+                             x.threads(7));
+}

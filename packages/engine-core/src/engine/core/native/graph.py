@@ -1,17 +1,19 @@
-"""Step graphs: a forward pass recorded once as native kernel calls, replayed in C.
+"""Step graphs: a forward pass recorded once as native calls, replayed in C.
 
 A decode step of the engine's CPU path is ~10 kernel calls per layer, each with a few
 microseconds of Python around it (module calls, views, checks): ~4 ms a step for the
 12-layer benchmark model, as much as its whole attention at batch 64 and 40% of a batch-1
-step. A graph is CUDA graphs' idea on the CPU: ``record`` runs the forward pass with the
-kernels handing their calls to a recorder instead of running (``NativeKernels.recorder``),
+step. A graph is CUDA graphs' idea on the CPU: ``record`` runs the forward pass with every
+native call handed to a recorder instead of running (``engine.sdk.graph_calls``: the
+engine's kernels' step-graph entries and any plugin's ``GraphFunction`` alike),
 fixes every pointer (weights, KV caches, static inputs, and the pass's own buffers, laid out
 in one arena by their lifetimes), and ``KernelGraph.run`` replays the calls in C
 (``graph.cpp``) for any token count up to the one recorded: one ctypes call a step.
 
 What makes a recording sound:
 
-* Only the kernels a graph knows run (``GRAPH_KERNELS``); torch ops may only make views,
+* Only graph functions run (C functions with the graph's ABI, ``graph_call.h``: each
+  recorded with its address and arguments; graph.cpp names none); torch ops may only make views,
   allocate, copy (a ``clone``, ``copy_`` or copying ``reshape``/``contiguous``, recorded as
   ``copy_rows``) or look up an embedding (``gather_rows``). Anything else that computes
   (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
@@ -35,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import ctypes
 import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -45,12 +46,9 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.core.native.library import (
-    GRAPH_KERNELS,
-    GRAPH_MAX_ARGS,
-    GRAPH_OP_WIDTH,
-    NativeKernels,
-)
+from engine.core.native.library import GRAPH_MAX_ARGS, GRAPH_OP_WIDTH, NativeKernels
+from engine.sdk import graph_calls
+from engine.sdk.graph_calls import GraphFunction, GraphValue, Pointer
 
 aten = torch.ops.aten
 
@@ -69,6 +67,17 @@ class NotCapturable(Exception):
 
 
 @dataclass(frozen=True)
+class _Call:
+    """A recorded call: the function (its name and address) and its arguments."""
+
+    name: str
+    address: int
+    #: Pointers as a ``_Buffer`` (into the pass's buffers), an address or None; the rest
+    #: integers or floats.
+    values: list[Any]
+
+
+@dataclass(frozen=True)
 class _Buffer:
     """A pointer into a buffer the recorded pass allocated: its index and byte offset."""
 
@@ -81,7 +90,7 @@ class _Recording:
     """One recorded pass: its calls, its buffers and what it returned."""
 
     rows: int
-    ops: list[tuple[str, list[Any]]] = field(default_factory=list)
+    ops: list[_Call] = field(default_factory=list)
     buffers: list[torch.Tensor] = field(default_factory=list)  # kept alive: no reuse
     starts: list[int] = field(default_factory=list)  # sorted by address, with ...
     by_start: list[int] = field(default_factory=list)  # ... their indices
@@ -133,37 +142,29 @@ class _Recording:
 
 
 class _Recorder:
-    """Takes ``NativeKernels``' calls for a recording (see ``NativeKernels.recorder``)."""
+    """Takes the graph functions' calls for a recording (``engine.sdk.graph_calls``)."""
 
     def __init__(self, recording: _Recording, known: Sequence[tuple[int, int]]) -> None:
         self.recording = recording
         self.known = known  # (start, end) of the memory the graph may point at directly
 
-    def record(self, kernel: str, entry: Callable[..., int | None],
-               args: tuple[object, ...]) -> int:
-        if kernel not in GRAPH_KERNELS:
-            raise NotCapturable(f"the native kernel {kernel} is not one a graph runs")
-        values: list[Any] = []
-        for value, ctype in zip(args, entry.argtypes, strict=True):  # type: ignore[attr-defined]
-            if ctype is ctypes.c_void_p:
-                values.append(self._pointer(kernel, value))
-            elif ctype is ctypes.c_float:
-                values.append(float(value))  # type: ignore[arg-type]
-            else:
-                values.append(int(value))  # type: ignore[call-overload]
-        self.recording.ops.append((kernel, values))
-        return 0
+    def record_call(self, function: GraphFunction, args: Sequence[GraphValue]) -> None:
+        if len(args) > GRAPH_MAX_ARGS:
+            raise NotCapturable(f"{function.name} takes {len(args)} arguments; a graph's "
+                                f"calls take at most {GRAPH_MAX_ARGS}")
+        values = [self._pointer(function.name, value.address) if isinstance(value, Pointer)
+                  else value for value in args]
+        self.recording.ops.append(_Call(function.name, function.address, values))
 
-    def _pointer(self, kernel: str, value: object) -> Any:
-        if value is None or value == 0:
+    def _pointer(self, name: str, address: int) -> Any:
+        if address == 0:
             return None
-        address = int(value)  # type: ignore[call-overload]
         buffer = self.recording.buffer_of(address)
         if buffer is not None:
             return buffer
         if any(start <= address < end for start, end in self.known):
             return address
-        raise NotCapturable(f"{kernel} reads memory that is neither the model's, the KV "
+        raise NotCapturable(f"{name} reads memory that is neither the model's, the KV "
                             f"cache's, the graph's inputs nor the pass's own buffers")
 
 
@@ -250,16 +251,11 @@ def _aliases(out: torch.Tensor, src: torch.Tensor) -> bool:
 @contextlib.contextmanager
 def _recording_into(kernels: NativeKernels, recording: _Recording,
                     known: Sequence[tuple[int, int]]) -> Iterator[None]:
-    # On the class: every instance records (the kernels may have been loaded more than once
-    # in this process, and a layer may hold an earlier instance than ``kernels``).
-    if NativeKernels.recorder is not None:
-        raise RuntimeError("a step graph is already being recorded")
-    NativeKernels.recorder = _Recorder(recording, known)
-    try:
-        with _RecordingMode(recording, kernels):
-            yield
-    finally:
-        NativeKernels.recorder = None
+    # Every graph function called here records: the engine's kernels (whichever instance
+    # of the library a layer holds) and any plugin's.
+    with graph_calls.recording(_Recorder(recording, known)), _RecordingMode(recording,
+                                                                            kernels):
+        yield
 
 
 def record(kernels: NativeKernels, forward: Callable[[int], torch.Tensor], rows: int,
@@ -329,22 +325,19 @@ class KernelGraph:
         arena = arena[base: base + total]
         origin = arena.data_ptr()
         table = np.zeros((len(first.ops), GRAPH_OP_WIDTH), dtype=np.int64)
-        for i, ((kernel, values), (mask, multiples)) in enumerate(
-                zip(first.ops, masks, strict=True)):
-            if len(values) > GRAPH_MAX_ARGS:
-                raise NotCapturable(f"{kernel} takes {len(values)} arguments; a graph's ops "
-                                    f"hold {GRAPH_MAX_ARGS}")
-            table[i, 0] = GRAPH_KERNELS[kernel]
+        for i, (call, (mask, multiples)) in enumerate(zip(first.ops, masks, strict=True)):
+            table[i, 0] = call.address
             table[i, 1] = mask
-            for j, value in enumerate(values):  # an argument in the mask holds its multiple
-                table[i, 2 + j] = multiples.get(j) or _encode(value, origin, offsets)
+            table[i, 2] = len(call.values)
+            for j, value in enumerate(call.values):  # one in the mask holds its multiple
+                table[i, 3 + j] = multiples.get(j) or _encode(value, origin, offsets)
         outputs = []
         for buffer, tail, strides, dtype in first.outputs:
             typed = arena.view(dtype)
             start = (offsets[buffer.index] + buffer.offset) // typed.element_size()
             outputs.append(torch.as_strided(typed, (first.rows, *tail), strides,
                                             typed.storage_offset() + start))
-        return cls(kernels, torch.from_numpy(table), [kernel for kernel, _ in first.ops],
+        return cls(kernels, torch.from_numpy(table), [call.name for call in first.ops],
                    arena, outputs, list(first.stage_ends), first.rows)
 
     def run(self, rows: int, stages: int = 1) -> torch.Tensor:
@@ -361,12 +354,15 @@ class KernelGraph:
         ops = self.ops[:self.stage_ends[stages - 1]]
         status = self.kernels.run_graph(ops, rows)
         if status:
-            kernel = self.names[status // 256 - 1]
-            if status % 256 == 2 and kernel in ("rotary_embedding", "gather_rows"):
-                raise IndexError(f"{kernel}: a position or token id is outside its table "
-                                 f"(step graph op {status // 256 - 1})")
-            raise RuntimeError(f"{kernel}: the library refused its arguments (status "
-                               f"{status % 256}, step graph op {status // 256 - 1})")
+            name, code, op = self.names[status // 256 - 1], status % 256, status // 256 - 1
+            if code == 2 and name in ("rotary_embedding", "gather_rows"):
+                raise IndexError(f"{name}: a position or token id is outside its table "
+                                 f"(step graph op {op})")
+            if code == 254:
+                raise RuntimeError(f"{name}: called with a number of arguments it does not "
+                                   f"take (step graph op {op})")
+            raise RuntimeError(f"{name}: the function returned status {code} (step graph "
+                               f"op {op})")
         return self.output(stages - 1, rows)
 
     def output(self, stage: int, rows: int) -> torch.Tensor:
@@ -385,8 +381,8 @@ def _row_masks(recordings: Sequence[_Recording]) -> list[tuple[int, dict[int, in
     first = recordings[0]
     sizes = first.sizes()
     for other in recordings[1:]:
-        if [kernel for kernel, _ in other.ops] != [kernel for kernel, _ in first.ops]:
-            raise NotCapturable(f"the forward pass makes different kernel calls for "
+        if [c.address for c in other.ops] != [c.address for c in first.ops]:
+            raise NotCapturable(f"the forward pass makes different native calls for "
                                 f"{first.rows} and {other.rows} tokens")
         if len(other.buffers) != len(first.buffers) or any(
                 b > a for a, b in zip(sizes, other.sizes(), strict=True)):
@@ -396,16 +392,16 @@ def _row_masks(recordings: Sequence[_Recording]) -> list[tuple[int, dict[int, in
             raise NotCapturable("the forward pass returns its rows from different places "
                                 "for different token counts")
     masks = []
-    for i, (kernel, values) in enumerate(first.ops):
+    for i, call in enumerate(first.ops):
         mask, multiples = 0, {}
-        for j, value in enumerate(values):
-            seen = [r.ops[i][1][j] for r in recordings]
+        for j, value in enumerate(call.values):
+            seen = [r.ops[i].values[j] for r in recordings]
             multiple = _multiple_of_rows(seen, [r.rows for r in recordings])
             if multiple is not None:
                 mask |= 1 << j
                 multiples[j] = multiple
             elif any(v != value for v in seen):
-                raise NotCapturable(f"argument {j} of {kernel} (call {i}) depends on the "
+                raise NotCapturable(f"argument {j} of {call.name} (call {i}) depends on the "
                                     f"token count other than by being it: {seen} for "
                                     f"{[r.rows for r in recordings]} tokens")
         masks.append((mask, multiples))
@@ -426,8 +422,8 @@ def _multiple_of_rows(seen: Sequence[Any], rows: Sequence[int]) -> int | None:
 def _lifetimes(recording: _Recording) -> list[tuple[int, int] | None]:
     """Per buffer, the first and last call that points into it (None: no call does)."""
     spans: list[tuple[int, int] | None] = [None] * len(recording.buffers)
-    for i, (_, values) in enumerate(recording.ops):
-        for value in values:
+    for i, call in enumerate(recording.ops):
+        for value in call.values:
             if isinstance(value, _Buffer):
                 span = spans[value.index]
                 spans[value.index] = (i, i) if span is None else (span[0], i)

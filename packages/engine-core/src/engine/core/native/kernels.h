@@ -1,6 +1,6 @@
 // The library's C entry points, declared once: every .cpp that defines or calls one includes
-// this header, so a definition that drifts from its declaration is a compile error (the
-// step graph's interpreter, graph.cpp, calls them directly). library.py declares the same
+// this header, so a definition that drifts from its declaration is a compile error (each
+// kernel's step-graph entry, graph_call.h, calls it directly). library.py declares the same
 // signatures for ctypes (NativeKernels.__init__).
 #pragma once
 
@@ -62,10 +62,12 @@ int engine_int4pack_dequant_t(const uint8_t* packed, int64_t cols, int block, in
                               int64_t rows, const void* scales_zeros, int64_t total_rows,
                               int dtype, void* out, int num_threads);
 
-// graph.cpp
+// matmul.cpp
 int engine_matmul(int dtype, const void* x, int64_t x_row, int64_t M, const void* w,
                   const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                   int64_t out_row, int num_threads);
+
+// graph.cpp
 int engine_copy_rows(const void* src, int64_t src_row, void* dst, int64_t dst_row,
                      int64_t rows, int64_t row_bytes);
 int engine_gather_rows(const void* table, int64_t table_row, int64_t table_rows,

@@ -30,11 +30,11 @@ import subprocess
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
-from typing import ClassVar, Protocol
 
 import torch
 
 from engine.core.machine import cache_dir, cpu_flags
+from engine.sdk.graph_calls import MAX_ARGS, GraphFunction, is_recording
 
 # Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
 # freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
@@ -49,11 +49,13 @@ SOURCES = {
     Path(__file__).with_name("amx_matmul.cpp"): (),
     # Products then sums, rounded as torch rounds them: the same values bit for bit.
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
+    # The matmul that picks its loop by row count (the `cpu` linear kernel's).
+    Path(__file__).with_name("matmul.cpp"): (),
     # The step graph's interpreter and its copies (engine.core.native.graph).
     Path(__file__).with_name("graph.cpp"): (),
 }
 HEADERS = tuple(Path(__file__).with_name(name)
-                for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
+                for name in ("graph_call.h", "kernels.h", "numerics.h", "q8_0.h", "simd.h"))
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
 COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
@@ -68,22 +70,16 @@ GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 SMALL_MATMUL_ROWS = 3
 #: Output columns per panel of ``NativeKernels.pack_matmul_weight`` (``kPanel``).
 PACKED_MATMUL_PANEL = 32
-#: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp), and its int64s in all: the
-#: kernel, the mask of arguments that are the token count, the arguments.
-GRAPH_MAX_ARGS = 24
-GRAPH_OP_WIDTH = 2 + GRAPH_MAX_ARGS
-#: The kernels a step graph runs, by their code in graph.cpp (``GraphKernel``).
-GRAPH_KERNELS = {"rms_norm": 0, "rotary_embedding": 1, "silu_and_mul": 2, "matmul": 3,
-                 "write_kv": 4, "paged_attention": 5, "copy_rows": 6, "gather_rows": 7}
+#: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp, ``MAX_ARGS`` of the SDK's
+#: graph functions), and its int64s in all: the function, the mask of arguments that are
+#: the token count, the number of arguments, the arguments.
+GRAPH_MAX_ARGS = MAX_ARGS
+GRAPH_OP_WIDTH = 3 + GRAPH_MAX_ARGS
+#: The kernels with a step-graph entry (``engine_graph_<kernel>``, graph_call.h): their
+#: calls are recorded (engine.sdk.graph_calls); any other kernel's refuses the recording.
+GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "matmul", "write_kv",
+                 "paged_attention", "copy_rows", "gather_rows")
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-
-
-class Recorder(Protocol):
-    """What ``NativeKernels`` hands its calls to while a step graph is recorded."""
-
-    def record(self, kernel: str, entry: Callable[..., int | None],
-               args: tuple[object, ...]) -> int:
-        """Take the call of ``kernel`` (its ctypes ``entry`` and arguments); returns 0."""
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -166,11 +162,12 @@ def native_kernels() -> NativeKernels | None:
 class NativeKernels:
     """Typed calls into the built library (tensors in, results written in place)."""
 
-    #: While a step graph is recorded (``engine.core.native.graph``), the recorder every
-    #: kernel call of every instance is handed to instead of running.
-    recorder: ClassVar[Recorder | None] = None
-
     def __init__(self, lib: ctypes.CDLL) -> None:
+        #: Each recordable kernel's step-graph entry, which a recording calls instead of
+        #: the kernel (engine.sdk.graph_calls: as any plugin's native code is recorded).
+        self.graph_functions = {kernel: GraphFunction.from_library(lib, f"engine_graph_{kernel}",
+                                                                   kernel)
+                                for kernel in GRAPH_KERNELS}
         self._attention = lib.engine_paged_attention
         self._attention.restype = _I32
         self._attention.argtypes = [
@@ -459,11 +456,24 @@ class NativeKernels:
                                    torch.get_num_threads()))
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
-        """Call ``entry``, or hand the call to the recorder while a graph is recorded."""
-        if self.recorder is not None:
-            return self.recorder.record(kernel, entry, args)
+        """Call ``entry``, or record its step-graph entry's call while a graph is recorded."""
+        if is_recording():
+            return self._record(kernel, entry, args)
         status = entry(*args)
         return 0 if status is None else status
+
+    def _record(self, kernel: str, entry: Callable[..., int | None],
+                args: tuple[object, ...]) -> int:
+        function = self.graph_functions.get(kernel)
+        if function is None:
+            from engine.core.native.graph import NotCapturable
+
+            raise NotCapturable(f"the native kernel {kernel} has no step-graph entry")
+        argtypes = entry.argtypes  # type: ignore[attr-defined]
+        return function(*(ctypes.c_void_p(int(value or 0)) if ctype is _P  # type: ignore[call-overload]
+                          else float(value) if ctype is _F  # type: ignore[arg-type]
+                          else int(value)  # type: ignore[call-overload]
+                          for value, ctype in zip(args, argtypes, strict=True)))
 
     def _check_panels(self, kernel: str, dtype: torch.dtype, k: int, panels: torch.Tensor,
                       n: int) -> int:

@@ -20,6 +20,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
 #include "simd.h"
@@ -437,3 +438,19 @@ void engine_write_kv(int elem_size, const void* key, int64_t k_tok, int64_t k_he
 }
 
 }  // extern "C"
+
+// The step graph's entries (graph_call.h): the arguments as library.py passes them.
+ENGINE_GRAPH_ENTRY(write_kv, 17) {
+  engine_write_kv(x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.a[5], x.a[6], x.p(7), x.p(8),
+                  x.a[9], x.a[10], x.a[11], x.ptr<const int64_t>(12), x.a[13], x.i32(14),
+                  x.i32(15), x.i32(16));
+  return 0;
+}
+
+ENGINE_GRAPH_ENTRY(paged_attention, 24) {
+  return engine_paged_attention(
+      x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.p(5), x.a[6], x.a[7], x.a[8],
+      x.ptr<const int32_t>(9), x.a[10], x.ptr<const int32_t>(11), x.ptr<const int32_t>(12),
+      x.a[13], x.p(14), x.a[15], x.a[16], x.i32(17), x.i32(18), x.i32(19), x.i32(20),
+      x.i32(21), x.f(22), x.threads(23));
+}

@@ -29,7 +29,7 @@ from torch import nn
 
 from engine.core.plugin_faults import ForwardAttribution, describe
 from engine.core.plugins._loader import identity
-from engine.sdk.attention import AttentionImpl
+from engine.sdk.attention import AttentionImpl, AttentionMetadataBuilder
 from engine.sdk.capture import CaptureContext
 from engine.sdk.linear_kernel import LinearKernel
 from engine.sdk.model import ModelInterface
@@ -41,7 +41,8 @@ from engine.sdk.support import Support
 #: components they hold: a quantization method's linear kernel, a kernel composing another).
 HELD_COMPONENTS = (QuantizeMethod, LinearKernel, AttentionImpl)
 _KINDS = ((ModelInterface, "model"), (CustomOp, "custom op"), (LinearKernel, "linear kernel"),
-          (QuantizeMethod, "quantization method"), (AttentionImpl, "attention implementation"))
+          (QuantizeMethod, "quantization method"), (AttentionImpl, "attention implementation"),
+          (AttentionMetadataBuilder, "attention metadata builder"))
 
 
 def declares(obj: object) -> bool:

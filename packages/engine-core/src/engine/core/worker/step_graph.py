@@ -44,17 +44,17 @@ import numpy as np
 import torch
 from torch import nn
 
-from engine.core.attention.cpu_backend import (
-    CpuAttentionMetadata,
-    CpuAttentionMetadataBuilder,
-)
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.library import NativeKernels
 from engine.core.plugin_faults import ForwardAttribution
 from engine.core.worker.capture import capture_or_explain
 from engine.core.worker.capture_components import PassComponents, held_tensors
 from engine.core.worker.step_inputs import StepInputs, build_step_inputs
-from engine.sdk.attention import AttentionMetadataBuilder
+from engine.sdk.attention import (
+    AttentionMetadataBuilder,
+    CommonAttentionMetadata,
+    GraphMetadata,
+)
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.platform import PlatformInfo
 
@@ -70,37 +70,31 @@ EXTRA_RECORDINGS = (2, 3, 4)
 
 
 class _Inputs:
-    """The graph's static inputs: each step's are copied in before a run."""
+    """The graph's static inputs: each step's are copied in before a run.
 
-    def __init__(self, rows: int, max_reqs: int, max_blocks: int) -> None:
+    The token ids and positions, and the attention backend's metadata in buffers of its
+    own (``AttentionMetadataBuilder.graph_metadata``).
+    """
+
+    def __init__(self, rows: int, metadata: GraphMetadata[Any]) -> None:
         self.input_ids = torch.zeros(rows, dtype=torch.int64)
         self.positions = torch.zeros(rows, dtype=torch.int64)
-        self.slots = torch.zeros(rows, dtype=torch.int64)
-        self.requests = torch.zeros(rows, dtype=torch.int32)
-        self.token_positions = torch.zeros(rows, dtype=torch.int32)
-        self.block_table = torch.zeros(max_reqs, max_blocks, dtype=torch.int32)
-        self._arrays = [t.numpy() for t in self.tensors()]
+        self.attention = metadata
+        self._arrays = [self.input_ids.numpy(), self.positions.numpy()]
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.input_ids, self.positions, self.slots, self.requests,
-                self.token_positions, self.block_table]
+        return [self.input_ids, self.positions, *self.attention.tensors()]
 
-    def metadata(self, rows: int) -> CpuAttentionMetadata:
-        return CpuAttentionMetadata(slots=self.slots[:rows], block_table=self.block_table,
-                                    requests=self.requests[:rows],
-                                    positions=self.token_positions[:rows])
+    def metadata(self, rows: int) -> Any:
+        return self.attention.view(rows)
 
     def fill(self, input_ids: torch.Tensor, positions: torch.Tensor,
-             metadata: CpuAttentionMetadata) -> None:
+             common: CommonAttentionMetadata) -> None:
         rows = input_ids.shape[0]
-        ids, pos, slots, requests, token_positions, table = self._arrays
+        ids, pos = self._arrays
         ids[:rows] = input_ids.numpy()
         pos[:rows] = positions.numpy()
-        slots[:rows] = metadata.slots.numpy()
-        requests[:rows] = metadata.requests.numpy()
-        token_positions[:rows] = metadata.positions.numpy()
-        reqs, blocks = metadata.block_table.shape
-        table[:reqs, :blocks] = metadata.block_table.numpy()
+        self.attention.fill(common)
 
 
 class StepGraph:
@@ -114,7 +108,7 @@ class StepGraph:
                  max_blocks: int) -> None:
         self.graph = graph
         self.inputs = inputs
-        #: The cpu backend's metadata builder: each step's metadata, copied into ``inputs``.
+        #: The attention metadata builder (``inputs`` holds its graph metadata).
         self.builder = builder
         self.max_reqs = max_reqs
         self.max_blocks = max_blocks
@@ -138,7 +132,7 @@ class StepGraph:
         None: the caller computes them. The hidden states are a view the next run
         overwrites.
         """
-        self.inputs.fill(inputs.input_ids, inputs.positions, self.builder.build(inputs.common))
+        self.inputs.fill(inputs.input_ids, inputs.positions, inputs.common)
         rows = inputs.input_ids.shape[0]
         if self.graph.num_stages == 1 or inputs.logits_indices.shape[0] != rows:
             return self.graph.run(rows), None
@@ -168,17 +162,13 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     rows = min(max_tokens, MAX_GRAPH_TOKENS)
     if rows < 2:
         raise NotCapturable(f"steps of {rows} token are too small to be worth a graph")
-    if not isinstance(builder, CpuAttentionMetadataBuilder):
-        kind = type(builder)
-        raise NotCapturable(f"the attention metadata builder {kind.__module__}."
-                            f"{kind.__qualname__} is not the cpu backend's, whose metadata "
-                            f"the graph's static inputs hold")
-    components = PassComponents(model, CaptureContext(
-        kind=GraphKind.CPU_STEP_GRAPH, platform=platform, max_tokens=rows), attribution)
+    ctx = CaptureContext(kind=GraphKind.CPU_STEP_GRAPH, platform=platform, max_tokens=rows,
+                         max_reqs=max_reqs, max_blocks_per_req=max_blocks)
+    components = PassComponents(model, ctx, attribution)
     why = components.model_refusal()
     if why is not None:
         raise NotCapturable(why)
-    inputs = _Inputs(rows, max_reqs, max_blocks)
+    inputs = _Inputs(rows, _graph_metadata(builder, ctx, components))
     known = [*model.parameters(), *model.buffers(), *kv_caches, *inputs.tensors(),
              *held_tensors(model)]
 
@@ -200,6 +190,20 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
         for cache, block in zip(kv_caches, null_blocks, strict=True):
             cache[:, 0] = block
     return step_graph
+
+
+def _graph_metadata(builder: AttentionMetadataBuilder[Any], ctx: CaptureContext,
+                    components: PassComponents) -> GraphMetadata[Any]:
+    """The builder's metadata in fixed buffers; NotCapturable naming it where it has none."""
+    try:
+        metadata = builder.graph_metadata(ctx)
+    except Exception as exc:  # noqa: BLE001 - a plugin hook failing: eager, named
+        raise NotCapturable(f"({components.label(builder)}): graph_metadata raised "
+                            f"{type(exc).__name__}: {exc}") from None
+    if metadata is None:
+        raise NotCapturable(f"({components.label(builder)}): it gives no metadata a graph "
+                            f"can hold (its graph_metadata returns None)")
+    return metadata
 
 
 class _HeadRefused(NotCapturable):
