@@ -100,6 +100,18 @@ def test_all_greedy_is_argmax_and_builds_no_random_metadata() -> None:
     assert out.logprobs is None
 
 
+def test_greedy_takes_the_first_of_equal_maxima_as_argmax_does() -> None:
+    batch, _ = make_batch([SamplingParams(temperature=0.0)] * 4)
+    logits = torch.randn(4, VOCAB)
+    logits[0, [3, 7]] = 50.0  # a tie: the first
+    logits[1] = 0.0  # a flat row: token 0
+    logits[2, 5] = float("nan")  # a NaN wins, as in torch.argmax
+    logits[3] = float("-inf")
+    out = Sampler()(logits.clone(), metadata_for(batch))
+    assert out.sampled_token_ids.tolist() == [3, 0, 5, 0]
+    assert torch.equal(out.sampled_token_ids, logits.argmax(dim=1))
+
+
 def test_greedy_rows_in_a_mixed_batch_take_the_argmax() -> None:
     params = [SamplingParams(temperature=0.0), SamplingParams(temperature=5.0, top_k=4),
               SamplingParams(temperature=0.0), SamplingParams(temperature=2.0)]
