@@ -80,13 +80,18 @@ def peers_home(peers_home: Path) -> Path:
 
 def apply(peers_dir: Path) -> dict[str, str]:
     """Restrict this process (before torch loads) and return the peers' environment."""
+    return restrict(ISA_ENV, HERE / "avx2_site", peers_home(peers_dir))
+
+
+def restrict(isa_env: dict[str, str], site: Path, peers_dir: Path) -> dict[str, str]:
+    """``isa_env`` in this process (before torch loads); the peers' environment: the same,
+    ``site`` first on their ``PYTHONPATH`` (its ``sitecustomize``), ``peers_dir`` theirs."""
     if "torch" in sys.modules:
-        raise RuntimeError("isa_avx2.apply() must run before torch is imported")
-    os.environ.update(ISA_ENV)
-    site = str(HERE / "avx2_site")
+        raise RuntimeError("an instruction-set limit must be applied before torch is imported")
+    os.environ.update(isa_env)
     path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "ENGINE_PEERS": str(peers_home(peers_dir)),
-            "PYTHONPATH": site if not path else f"{site}{os.pathsep}{path}"}
+    return {**os.environ, "ENGINE_PEERS": str(peers_dir),
+            "PYTHONPATH": str(site) if not path else f"{site}{os.pathsep}{path}"}
 
 
 def engine_dtype(dtype: str) -> str:

@@ -19,9 +19,9 @@ vectors in two; its memory differs). Only the ratios of one run mean anything.
 
 from __future__ import annotations
 
-import os
-import sys
 from pathlib import Path
+
+from isa_avx2 import restrict
 
 HERE = Path(__file__).resolve().parent
 #: The variables that keep oneDNN and the engine's kernels off AMX.
@@ -30,10 +30,4 @@ ISA_ENV = {"ONEDNN_MAX_CPU_ISA": "AVX512_CORE_BF16", "ENGINE_CPU_KERNELS_MARCH":
 
 def apply(peers_dir: Path) -> dict[str, str]:
     """Restrict this process (before torch loads) and return the peers' environment."""
-    if "torch" in sys.modules:
-        raise RuntimeError("isa_no_amx.apply() must run before torch is imported")
-    os.environ.update(ISA_ENV)
-    site = str(HERE / "no_amx_site")
-    path = os.environ.get("PYTHONPATH")
-    return {**os.environ, "ENGINE_PEERS": str(peers_dir),
-            "PYTHONPATH": site if not path else f"{site}{os.pathsep}{path}"}
+    return restrict(ISA_ENV, HERE / "no_amx_site", peers_dir)
