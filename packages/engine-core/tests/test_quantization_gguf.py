@@ -7,13 +7,17 @@
   ``gguf_int4`` repacks exactly (float32) and stays within bf16 rounding;
 * the engine: a tiny GGUF (mixed types, a fused layer whose shards differ) loaded packed
   gives the dequantized engine's logits exactly with the exact kernel, on one rank and on
-  two; the default model keeps ~97 MB of weights and greedy tokens equal.
+  two; the default model keeps ~97 MB of weights and greedy tokens equal;
+* the seam: a plugin's method that sets ``reads_gguf_blocks`` (composing the built-in,
+  no subclass of it) gets the file's tensor types and its blocks; one that does not gets
+  the file dequantized.
 """
 
 from __future__ import annotations
 
+from importlib.metadata import entry_points
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import gguf
 import numpy as np
@@ -42,11 +46,15 @@ from engine.core.quantization.gguf_method import GGUFConfig
 from engine.core.startup import prepare
 from engine.core.worker.worker import Worker
 from engine.sdk import SamplingParams, UnsupportedError, ValidationError
+from engine.sdk.groups import QUANTIZATION
 from engine.sdk.linear_kernel import LinearKernelConfig, select_linear_kernel
 from engine.sdk.platform import PlatformInfo
+from engine.sdk.quantization import LayerInfo, QuantizationConfig, QuantizeMethod
 from engine.sdk.scheduler import EngineRequest
+from engine.sdk.support import Support
 from engine.testing.gguf_blocks import kernel_layer, raw_blocks
 from engine.testing.tensor_parallel import drive_worker, run_ranks
+from engine.testing.test_plugins import entry_installer
 
 # -- formats ---------------------------------------------------------------------------------
 
@@ -266,6 +274,81 @@ def test_tiny_packed_equals_dequantized(mixed_gguf: Path) -> None:
         assert torch.equal(got, want)  # bit for bit: the same bf16 weights, the same matmuls
     dense_bytes = sum(p.numel() * p.element_size() for p in dense.model.parameters())
     assert sum(p.numel() * p.element_size() for p in model.parameters()) < 0.6 * dense_bytes
+
+
+class ComposedGGUF(QuantizationConfig):
+    """A plugin's method that reads GGUF blocks (``reads_gguf_blocks``), composing the
+    engine's ``gguf`` method found through its entry point: no subclass of the engine's."""
+
+    name: ClassVar[str] = "acme_gguf"
+    reads_gguf_blocks: ClassVar[bool] = True
+    received: ClassVar[list[dict[str, Any]]] = []
+
+    def __init__(self, inner: QuantizationConfig) -> None:
+        self.inner = inner
+
+    @staticmethod
+    def engine_gguf() -> type[QuantizationConfig]:
+        (entry,) = [e for e in entry_points(group=QUANTIZATION, name="gguf")
+                    if e.dist is not None and e.dist.name == "engine-core"]
+        cls: type[QuantizationConfig] = entry.load()
+        return cls
+
+    @classmethod
+    def from_config(cls, config: dict[str, Any]) -> ComposedGGUF:
+        cls.received.append(config)
+        return cls(cls.engine_gguf().from_config(config))
+
+    @classmethod
+    def supported_act_dtypes(cls) -> list[str]:
+        return cls.engine_gguf().supported_act_dtypes()
+
+    @classmethod
+    def is_supported(cls, platform: PlatformInfo) -> Support:
+        return cls.engine_gguf().is_supported(platform)
+
+    def get_quant_method(self, layer: LayerInfo, prefix: str) -> QuantizeMethod | None:
+        return self.inner.get_quant_method(layer, prefix)
+
+
+def test_a_plugin_method_that_reads_gguf_blocks_gets_them(
+        mixed_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    entry_installer(monkeypatch, "acme-plugins", "0.1.0")(QUANTIZATION, "acme_gguf",
+                                                          ComposedGGUF)
+    config = {**COMMON, "plugins": "acme-plugins", "linear_kernel": "gguf_dequant"}
+    _, want, _, _ = run_worker(EngineConfig(model=str(mixed_gguf), quantization="gguf",
+                                            **config))
+    ComposedGGUF.received.clear()
+    _, got, _, worker = run_worker(EngineConfig(model=str(mixed_gguf),
+                                                quantization="acme_gguf", **config))
+    assert worker.setup.keeps_gguf_blocks
+    assert ComposedGGUF.received and all(
+        settings["tensor_types"]["model.layers.0.self_attn.q_proj"] == "Q4_0"
+        for settings in ComposedGGUF.received)
+    assert worker.model.embed_tokens.weight.dtype == torch.uint8  # the stored blocks
+    assert [o.sampled_token_ids for o in got] == [o.sampled_token_ids for o in want]
+
+
+def test_a_plugin_method_that_does_not_read_gguf_blocks_gets_the_file_dequantized(
+        mixed_gguf: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    class Dense(ComposedGGUF):
+        reads_gguf_blocks = False
+
+        @classmethod
+        def from_config(cls, config: dict[str, Any]) -> ComposedGGUF:
+            cls.received.append(config)
+            return cls(cls.engine_gguf())  # never asked for a layer: see below
+
+        def get_quant_method(self, layer: LayerInfo, prefix: str) -> QuantizeMethod | None:
+            return None  # every layer unquantized
+
+    entry_installer(monkeypatch, "acme-plugins", "0.1.0")(QUANTIZATION, "acme_dense", Dense)
+    Dense.received = []
+    _, _, _, worker = run_worker(EngineConfig(
+        model=str(mixed_gguf), quantization="acme_dense",
+        **{**COMMON, "plugins": "acme-plugins"}))
+    assert Dense.received == [{}] and not worker.setup.keeps_gguf_blocks
+    assert worker.model.embed_tokens.weight.dtype == torch.bfloat16
 
 
 @pytest.mark.slow

@@ -304,11 +304,24 @@ class QuantizationConfig(Plugin, ABC):
     Attributes:
         name: Unique method name (``--quantization NAME``, and the checkpoint's
             ``quant_method``).
+        reads_gguf_blocks: Whether this method takes a GGUF file's matrices as stored
+            (default False: the engine dequantizes a GGUF file at load, and the method
+            gets an unquantized checkpoint with ``{}`` settings). True: selected on a
+            ``.gguf`` model (``--quantization NAME``), :meth:`from_config` receives
+            ``{"quant_method": "gguf", "tensor_types": {module: ggml_type_name}}`` (every
+            matrix by its Hugging Face module name without ``.weight``, e.g.
+            ``"model.layers.0.self_attn.q_proj": "Q4_1"``), and every matrix (linear
+            layers, the LM head, the embedding) is loaded as its stored bytes, ``uint8
+            [rows, row_bytes]`` in GGUF's block layout (norms and biases are dequantized):
+            the method's parameters for every such layer must take them. The engine's own
+            ``gguf`` method is one.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``reads_gguf_blocks``.
     """
 
     name: ClassVar[str] = ""
+    reads_gguf_blocks: ClassVar[bool] = False
 
     @classmethod
     @abstractmethod

@@ -212,6 +212,7 @@ class GGUFConfig(QuantizationConfig):
     """The ``gguf`` method (see the module docstring)."""
 
     name: ClassVar[str] = "gguf"
+    reads_gguf_blocks: ClassVar[bool] = True
 
     def __init__(self, tensor_types: dict[str, GGUFFormat]) -> None:
         self.tensor_types = tensor_types

@@ -71,9 +71,7 @@ class QuantizationSelection:
     @property
     def keeps_gguf_blocks(self) -> bool:
         """Whether the loader must yield GGUF tensors packed (the ``gguf`` method)."""
-        from engine.core.quantization.gguf_method import GGUFConfig
-
-        return isinstance(self.config, GGUFConfig)
+        return bool(type(self.config).reads_gguf_blocks)
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -170,15 +168,15 @@ def _settings_source(requested: str | None, catalog: PluginCatalog, source: Mode
                      ) -> tuple[str, str, dict[str, Any]] | None:
     """``(method name, origin, settings)``, or None for an unquantized load."""
     if source.kind == "gguf":
-        # The gguf method gets the file's tensor types; for any other method the loader
-        # dequantizes the file, which is then an unquantized checkpoint ({}).
+        # A method that reads GGUF blocks (the gguf method, any plugin's that says so) gets
+        # the file's tensor types; for any other the loader dequantizes the file, which is
+        # then an unquantized checkpoint ({}).
         from engine.core.model_loader.gguf_loader import gguf_quantization_settings
-        from engine.core.quantization.gguf_method import GGUFConfig
 
         if requested is None and not GGUF_PACKED_BY_DEFAULT:
             return None
         name = requested or "gguf"
-        if not issubclass(catalog.load(QUANTIZATION, name), GGUFConfig):
+        if not catalog.load(QUANTIZATION, name).reads_gguf_blocks:
             return name, "--quantization", {}
         return name, "GGUF file", gguf_quantization_settings(source.weights_path)
     in_config = checkpoint_quantization_config(source)
