@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from engine.core import machine
 from engine.core.model_executor.linear_kernels import CpuLinearKernel
 from engine.core.native import native_kernels
-from engine.core.native.library import SMALL_MATMUL_ROWS, packed_matmul_size, target_arch
+from engine.core.native.build import target_arch
+from engine.core.native.library import SMALL_MATMUL_ROWS, packed_matmul_size
 from engine.sdk.linear_kernel import LinearKernelConfig
 
 NATIVE = native_kernels()

@@ -23,11 +23,13 @@ from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.native import graph as native_graph
 from engine.core.native import library, native_kernels
 from engine.core.native.graph import KernelGraph, NotCapturable, record
+from engine.core.native.runtime import graph_runtime
 from engine.core.worker import step_graph
 from engine.sdk import graph_calls
 from engine.sdk.graph_calls import GraphFunction
 
 NATIVE = native_kernels()
+RUNTIME = graph_runtime()
 pytestmark = pytest.mark.skipif(
     NATIVE is None or torch.float32 not in NATIVE.packed_matmul_dtypes,
     reason="the packed float32 product is built for AVX-512 CPUs only (oneDNN multiplies "
@@ -192,7 +194,7 @@ def test_a_graph_function_reading_memory_a_replay_cannot_reach_is_refused_naming
 ) -> None:
     assert NATIVE is not None
     weight, elsewhere = torch.ones(8), torch.ones(8)
-    function = NATIVE.graph_functions["copy_rows"]
+    function = NATIVE.graph_functions["silu_and_mul"]  # recorded, never run
     plugin = GraphFunction(function.address, "acme.copy")
 
     def forward(rows: int) -> torch.Tensor:
@@ -202,8 +204,8 @@ def test_a_graph_function_reading_memory_a_replay_cannot_reach_is_refused_naming
 
     with pytest.raises(NotCapturable, match=r"^acme\.copy reads memory that is neither the "
                                             r"model's"):
-        record(NATIVE, forward, 4, _known(weight))
-    recording = record(NATIVE, forward, 4, _known(weight, elsewhere))
+        record(RUNTIME, forward, 4, _known(weight))
+    recording = record(RUNTIME, forward, 4, _known(weight, elsewhere))
     assert [(call.name, call.address) for call in recording.ops] == [
         ("acme.copy", function.address)]
 
@@ -218,7 +220,7 @@ def test_torch_compute_in_the_pass_is_refused_naming_the_op() -> None:
         return x + 1
 
     with pytest.raises(NotCapturable, match=r"runs the torch op aten\.add"):
-        record(NATIVE, forward, 4, _known(weight))
+        record(RUNTIME, forward, 4, _known(weight))
     assert not graph_calls.is_recording()  # left as it was
 
 
@@ -231,9 +233,9 @@ def test_a_call_that_depends_on_the_token_count_is_refused() -> None:
         NATIVE.rms_norm(x[rows - 1:], None, weight, 1e-6)  # a pointer that moves with rows
         return x
 
-    recordings = [record(NATIVE, last_row, n, _known(weight)) for n in (8, 2)]
+    recordings = [record(RUNTIME, last_row, n, _known(weight)) for n in (8, 2)]
     with pytest.raises(NotCapturable, match="argument 1 of rms_norm .* depends on the token"):
-        KernelGraph.from_recordings(NATIVE, recordings)
+        KernelGraph.from_recordings(RUNTIME, recordings)
 
 
 def test_memory_the_graph_does_not_own_is_refused() -> None:
@@ -246,7 +248,7 @@ def test_memory_the_graph_does_not_own_is_refused() -> None:
         return x
 
     with pytest.raises(NotCapturable, match="reads memory that is neither"):
-        record(NATIVE, forward, 4, _known())
+        record(RUNTIME, forward, 4, _known())
 
 
 def test_replay_computes_what_the_kernels_compute_for_any_row_count() -> None:
@@ -259,14 +261,14 @@ def test_replay_computes_what_the_kernels_compute_for_any_row_count() -> None:
         a = source[:rows].clone()  # recorded as copy_rows
         NATIVE.rms_norm(a, None, w1, 1e-6)
         b = torch.empty(rows, 8)
-        NATIVE.copy_rows(a, b)
+        RUNTIME.copy_rows(a, b)
         c = torch.empty(rows, 8)  # a is dead from here: c may take its place
-        NATIVE.copy_rows(b, c)
+        RUNTIME.copy_rows(b, c)
         NATIVE.rms_norm(c, b, w2, 1e-6)
         return c
 
     graph = KernelGraph.from_recordings(
-        NATIVE, [record(NATIVE, forward, n, _known(source, w1, w2)) for n in (16, 2, 3)])
+        RUNTIME, [record(RUNTIME, forward, n, _known(source, w1, w2)) for n in (16, 2, 3)])
     assert graph.num_ops == 5 and graph.arena_bytes < 3 * 16 * 8 * 4
     for rows in (1, 5, 16):
         assert torch.equal(graph.run(rows), forward(rows))
@@ -287,7 +289,7 @@ def test_an_argument_that_is_a_multiple_of_the_token_count_replays_for_any_count
         return x
 
     graph = KernelGraph.from_recordings(
-        NATIVE, [record(NATIVE, forward, n, _known(source, weight)) for n in (16, 2, 3)])
+        RUNTIME, [record(RUNTIME, forward, n, _known(source, weight)) for n in (16, 2, 3)])
     for rows in (1, 5, 16):
         assert torch.equal(graph.run(rows), forward(rows))
 
@@ -300,13 +302,13 @@ def test_a_stage_may_end_in_a_float32_conversion_which_the_caller_makes() -> Non
     def forward(rows: int) -> torch.Tensor:
         return source[:rows].clone()
 
-    graph = KernelGraph.from_recordings(NATIVE, [
-        record(NATIVE, forward, n, _known(source), then=lambda h: h.float()) for n in (8, 2)])
+    graph = KernelGraph.from_recordings(RUNTIME, [
+        record(RUNTIME, forward, n, _known(source), then=lambda h: h.float()) for n in (8, 2)])
     out = graph.run(5, stages=2)
     assert out.dtype == torch.bfloat16 and torch.equal(out, source[:5])
     with pytest.raises(NotCapturable, match=r"converts \(8, 4\) torch.bfloat16 to "
                                             r"torch.float16"):
-        record(NATIVE, forward, 8, _known(source), then=lambda h: h.half())
+        record(RUNTIME, forward, 8, _known(source), then=lambda h: h.half())
 
 
 def test_buffers_alive_at_once_never_share_the_arena() -> None:

@@ -15,8 +15,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import nn
 
-from engine.core.native import native_kernels
 from engine.core.native.graph import KernelGraph, NotCapturable, record
+from engine.core.native.runtime import graph_runtime
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel
 from engine.sdk.platform import PlatformInfo
@@ -31,9 +31,9 @@ def graph_replays(pairs: Sequence[tuple[LinearKernel, nn.Module]], x: torch.Tens
     from engine.core.worker.capture_components import own_tensors
     from engine.core.worker.step_graph import MAX_GRAPH_TOKENS
 
-    kernels = native_kernels()
+    runtime = graph_runtime()
     rows = x.shape[0]
-    if kernels is None or rows > MAX_GRAPH_TOKENS:
+    if runtime is None or rows > MAX_GRAPH_TOKENS:
         return None
     ctx = CaptureContext(kind=GraphKind.CPU_STEP_GRAPH, platform=platform, max_tokens=rows)
     replays: list[Callable[[], object]] = []
@@ -45,9 +45,9 @@ def graph_replays(pairs: Sequence[tuple[LinearKernel, nn.Module]], x: torch.Tens
             return None
         try:
             known = [*layer.parameters(), x, *own_tensors(kernel)]
-            recording = record(kernels, functools.partial(_product, kernel, layer, x), rows,
+            recording = record(runtime, functools.partial(_product, kernel, layer, x), rows,
                                known)
-            graph = KernelGraph.from_recordings(kernels, [recording])
+            graph = KernelGraph.from_recordings(runtime, [recording])
         except NotCapturable:
             return None
         replays.append(functools.partial(graph.run, rows))

@@ -1,5 +1,6 @@
 // The CPU step graph's interpreter (engine.core.native.graph), and the two calls a graph
-// makes of its own: row copies and the embedding's row gather.
+// makes of its own: row copies and the embedding's row gather. Built as a library of its
+// own (runtime.py), apart from the engine's kernels.
 //
 // A graph is the list of calls one forward pass of the model makes, recorded once with
 // every pointer fixed (weights, KV caches, the graph's own buffers and inputs) and replayed
@@ -17,7 +18,6 @@
 #include <cstring>
 
 #include "graph_call.h"
-#include "kernels.h"
 
 namespace {
 

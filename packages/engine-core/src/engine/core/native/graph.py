@@ -46,7 +46,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.core.native.library import GRAPH_MAX_ARGS, GRAPH_OP_WIDTH, NativeKernels
+from engine.core.native.runtime import GRAPH_MAX_ARGS, GRAPH_OP_WIDTH, GraphRuntime
 from engine.sdk import graph_calls
 from engine.sdk.graph_calls import GraphFunction, GraphValue, Pointer
 
@@ -177,10 +177,10 @@ class _RecordingMode(TorchDispatchMode):
         # dynamo's disable, whose first call imports torch._dynamo (~0.8 s of start-up).
         return False
 
-    def __init__(self, recording: _Recording, kernels: NativeKernels) -> None:
+    def __init__(self, recording: _Recording, runtime: GraphRuntime) -> None:
         super().__init__()  # type: ignore[no-untyped-call]
         self.recording = recording
-        self.kernels = kernels
+        self.runtime = runtime
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
@@ -200,7 +200,7 @@ class _RecordingMode(TorchDispatchMode):
                                     f"into {tuple(dst.shape)} {dst.dtype} (a graph copies "
                                     f"like for like only)")
             out = func(*args, **kwargs)
-            self.kernels.copy_rows(src, dst)
+            self.runtime.copy_rows(src, dst)
             return out
         if packet in _CONVERSIONS:
             return self._converted(args[0], func(*args, **kwargs))
@@ -211,7 +211,7 @@ class _RecordingMode(TorchDispatchMode):
                 raise NotCapturable(f"an embedding lookup of {ids.dim()}-D {ids.dtype} ids "
                                     f"(a graph looks up 1-D int64 ids)")
             self.recording.allocated(out)
-            self.kernels.gather_rows(weight, ids, out)
+            self.runtime.gather_rows(weight, ids, out)
             return out
         if func.is_view or packet in _MAYBE_COPIES:
             out = func(*args, **kwargs)
@@ -219,7 +219,7 @@ class _RecordingMode(TorchDispatchMode):
                 return self._copied(args[0], out)
             return out
         raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
-                            f"native kernels, views, copies and embedding lookups only)")
+                            f"native calls, views, copies and embedding lookups only)")
 
     def _converted(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out = src.to(...)``: a view, a copy, or a stage output's float32 conversion."""
@@ -237,7 +237,7 @@ class _RecordingMode(TorchDispatchMode):
     def _copied(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         self.recording.allocated(out)
         try:
-            self.kernels.copy_rows(src, out.view(src.shape))
+            self.runtime.copy_rows(src, out.view(src.shape))
         except (ValueError, RuntimeError) as exc:
             raise NotCapturable(f"a copy of {tuple(src.shape)} with strides {src.stride()} "
                                 f"({exc})") from None
@@ -249,16 +249,16 @@ def _aliases(out: torch.Tensor, src: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def _recording_into(kernels: NativeKernels, recording: _Recording,
+def _recording_into(runtime: GraphRuntime, recording: _Recording,
                     known: Sequence[tuple[int, int]]) -> Iterator[None]:
     # Every graph function called here records: the engine's kernels (whichever instance
     # of the library a layer holds) and any plugin's.
     with graph_calls.recording(_Recorder(recording, known)), _RecordingMode(recording,
-                                                                            kernels):
+                                                                            runtime):
         yield
 
 
-def record(kernels: NativeKernels, forward: Callable[[int], torch.Tensor], rows: int,
+def record(runtime: GraphRuntime, forward: Callable[[int], torch.Tensor], rows: int,
            known: Sequence[torch.Tensor], *,
            then: Callable[[torch.Tensor], torch.Tensor] | None = None) -> _Recording:
     """One pass of ``forward(rows)`` with the kernels recorded (nothing is computed).
@@ -269,7 +269,7 @@ def record(kernels: NativeKernels, forward: Callable[[int], torch.Tensor], rows:
     """
     recording = _Recording(rows)
     spans = [_span(t) for t in known if t.untyped_storage().nbytes()]
-    with _recording_into(kernels, recording, spans):
+    with _recording_into(runtime, recording, spans):
         out = forward(rows)
         recording.finish_stage(out)
         if then is not None:
@@ -289,10 +289,10 @@ class KernelGraph:
     sizes the buffers; the others must agree with it (see the module docstring).
     """
 
-    def __init__(self, kernels: NativeKernels, ops: torch.Tensor, names: list[str],
+    def __init__(self, runtime: GraphRuntime, ops: torch.Tensor, names: list[str],
                  arena: torch.Tensor, outputs: list[torch.Tensor], stage_ends: list[int],
                  rows: int) -> None:
-        self.kernels = kernels
+        self.runtime = runtime
         self.ops = ops
         self.names = names
         self.arena = arena
@@ -315,7 +315,7 @@ class KernelGraph:
         return int(self.arena.numel())
 
     @classmethod
-    def from_recordings(cls, kernels: NativeKernels,
+    def from_recordings(cls, runtime: GraphRuntime,
                         recordings: Sequence[_Recording]) -> KernelGraph:
         first = recordings[0]
         masks = _row_masks(recordings)
@@ -337,7 +337,7 @@ class KernelGraph:
             start = (offsets[buffer.index] + buffer.offset) // typed.element_size()
             outputs.append(torch.as_strided(typed, (first.rows, *tail), strides,
                                             typed.storage_offset() + start))
-        return cls(kernels, torch.from_numpy(table), [call.name for call in first.ops],
+        return cls(runtime, torch.from_numpy(table), [call.name for call in first.ops],
                    arena, outputs, list(first.stage_ends), first.rows)
 
     def run(self, rows: int, stages: int = 1) -> torch.Tensor:
@@ -352,7 +352,7 @@ class KernelGraph:
         if not 0 < stages <= self.num_stages:
             raise ValueError(f"this step graph has {self.num_stages} stage(s), not {stages}")
         ops = self.ops[:self.stage_ends[stages - 1]]
-        status = self.kernels.run_graph(ops, rows)
+        status = self.runtime.run_graph(ops, rows)
         if status:
             name, code, op = self.names[status // 256 - 1], status % 256, status // 256 - 1
             if code == 2 and name in ("rotary_embedding", "gather_rows"):

@@ -67,13 +67,4 @@ int engine_matmul(int dtype, const void* x, int64_t x_row, int64_t M, const void
                   const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                   int64_t out_row, int num_threads);
 
-// graph.cpp
-int engine_copy_rows(const void* src, int64_t src_row, void* dst, int64_t dst_row,
-                     int64_t rows, int64_t row_bytes);
-int engine_gather_rows(const void* table, int64_t table_row, int64_t table_rows,
-                       const int64_t* ids, int64_t rows, void* out, int64_t out_row,
-                       int64_t row_bytes);
-int64_t engine_graph_run(const int64_t* ops, int64_t num_ops, int64_t rows,
-                         int max_threads);
-
 }  // extern "C"

@@ -4,15 +4,13 @@
 built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``),
 ``small_matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp`` (the GGUF
 kernels' dequantization, ``engine.core.quantization``) are compiled
-on first use with the system C++ compiler (``$CXX``, else ``c++``, ``g++`` or ``clang++``)
-for this machine (``-O3 -march=native -fopenmp``; ``target_arch()`` says how to build for
-an older CPU; float flags per file, see ``SOURCES``)
-into the cache directory (``$ENGINE_CACHE_DIR``, else ``$XDG_CACHE_HOME/engine`` or
-``~/.cache/engine``), under a name derived from the sources, the compiler and the CPU's
-flags; later processes load the built file in milliseconds. The library is called through
-``ctypes`` with raw pointers, so it needs neither Python nor torch headers, and its OpenMP
-calls run on the runtime torch already loaded (same ``libgomp.so.1``), with torch's thread
-count.
+on first use with the system C++ compiler for this machine (``build.build_library``; float
+flags per file, see ``SOURCES``); later processes load the built file in milliseconds.
+The step graph's interpreter is not here: it is its own library (``runtime.py``), which
+calls these kernels' step-graph entries (``engine_graph_<kernel>``) by address. The
+library is called through ``ctypes`` with raw pointers, so it needs neither Python nor
+torch headers, and its OpenMP calls run on the runtime torch already loaded (same
+``libgomp.so.1``), with torch's thread count.
 
 Without a compiler, or when the build fails, ``load()`` raises ``NativeKernelsUnavailable``
 with the reason; the ``cpu`` attention backend reports that reason from ``supports`` and
@@ -23,18 +21,19 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from engine.core.machine import cache_dir, cpu_flags
-from engine.sdk.graph_calls import MAX_ARGS, GraphFunction, is_recording
+from engine.core.native.build import (
+    NativeKernelsUnavailable,
+    build_library,
+    call_status,
+    check_rows,
+    find_compiler,
+)
+from engine.sdk.graph_calls import GraphFunction, is_recording
 
 # Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
 # freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
@@ -51,15 +50,9 @@ SOURCES = {
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
     # The matmul that picks its loop by row count (the `cpu` linear kernel's).
     Path(__file__).with_name("matmul.cpp"): (),
-    # The step graph's interpreter and its copies (engine.core.native.graph).
-    Path(__file__).with_name("graph.cpp"): (),
 }
 HEADERS = tuple(Path(__file__).with_name(name)
                 for name in ("graph_call.h", "kernels.h", "numerics.h", "q8_0.h", "simd.h"))
-# -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
-# constructor turns on flush-to-zero for the whole process (torch's numerics included).
-COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
-LINK_FLAGS = ("-shared", "-fopenmp")
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 #: The products' code for float32 activations with weights packed as bfloat16
 #: (``pack_matmul_weight(..., as_bfloat16=True)``; packed_matmul.cpp's kWidened).
@@ -70,80 +63,17 @@ GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 SMALL_MATMUL_ROWS = 3
 #: Output columns per panel of ``NativeKernels.pack_matmul_weight`` (``kPanel``).
 PACKED_MATMUL_PANEL = 32
-#: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp, ``MAX_ARGS`` of the SDK's
-#: graph functions), and its int64s in all: the function, the mask of arguments that are
-#: the token count, the number of arguments, the arguments.
-GRAPH_MAX_ARGS = MAX_ARGS
-GRAPH_OP_WIDTH = 3 + GRAPH_MAX_ARGS
 #: The kernels with a step-graph entry (``engine_graph_<kernel>``, graph_call.h): their
 #: calls are recorded (engine.sdk.graph_calls); any other kernel's refuses the recording.
 GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "matmul", "write_kv",
-                 "paged_attention", "copy_rows", "gather_rows")
+                 "paged_attention")
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
-
-
-class NativeKernelsUnavailable(RuntimeError):
-    """The kernels cannot be built or loaded here; the message says why."""
-
-
-def target_arch() -> str:
-    """The ``-march`` the kernels are built for: ``$ENGINE_CPU_KERNELS_MARCH``, else ``native``.
-
-    Another value (``haswell``: AVX2 and FMA, no AVX-512) builds the code paths of an older
-    CPU on this one; the tests run the AVX2 build that way on AVX-512 machines. It must be a
-    subset of this CPU's instructions, or the kernels die with SIGILL when called.
-    """
-    return os.environ.get("ENGINE_CPU_KERNELS_MARCH") or "native"
-
-
-def find_compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
-
-
-def _build(compiler: str, target: Path) -> None:
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        objects = [Path(tmp) / f"{source.stem}.o" for source in SOURCES]
-        built = Path(tmp) / target.name
-        commands = [([compiler, *COMPILE_FLAGS, f"-march={target_arch()}", *flags, "-c",
-                      str(source), "-o", str(obj)],
-                     source.name)
-                    for (source, flags), obj in zip(SOURCES.items(), objects, strict=True)]
-        commands.append(([compiler, *LINK_FLAGS, *map(str, objects), "-o", str(built)],
-                         target.name))
-        for command, what in commands:
-            result = subprocess.run(command, capture_output=True, text=True, timeout=300)
-            if result.returncode != 0:
-                raise NativeKernelsUnavailable(
-                    f"building {what} with {compiler} failed:\n{result.stderr.strip()}")
-        os.replace(built, target)  # atomic: a concurrent process sees all of it or none
 
 
 @functools.cache
 def load() -> NativeKernels:
     """The kernels, built on first use; raises ``NativeKernelsUnavailable``."""
-    if not torch.backends.openmp.is_available():  # type: ignore[no-untyped-call]
-        raise NativeKernelsUnavailable("torch was built without OpenMP")
-    compiler = find_compiler()
-    if compiler is None:
-        raise NativeKernelsUnavailable(
-            "no C++ compiler found ($CXX, c++, g++ or clang++ on PATH); install one (e.g. "
-            "apt install g++) to build the engine's CPU kernels")
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256("\0".join(
-        [*(source.read_text() for source in (*SOURCES, *HEADERS)), compiler, version,
-         repr((COMPILE_FLAGS, SOURCES, LINK_FLAGS)), target_arch(), cpu_flags()]).encode())
-    target = cache_dir() / "cpu_kernels" / f"engine_cpu_kernels-{key.hexdigest()[:16]}.so"
-    if not target.exists():
-        try:
-            _build(compiler, target)
-        except (OSError, subprocess.SubprocessError) as exc:
-            raise NativeKernelsUnavailable(
-                f"building into {target.parent} failed ({exc}); set ENGINE_CACHE_DIR to a "
-                f"writable directory") from None
+    target = build_library("engine_cpu_kernels", SOURCES, HEADERS, find_compiler())
     try:
         return NativeKernels(ctypes.CDLL(str(target)))
     except OSError as exc:
@@ -210,15 +140,6 @@ class NativeKernels:
         self._matmul = lib.engine_matmul
         self._matmul.restype = _I32
         self._matmul.argtypes = [_I32, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I32]
-        self._copy_rows = lib.engine_copy_rows
-        self._copy_rows.restype = _I32
-        self._copy_rows.argtypes = [_P, _I64, _P, _I64, _I64, _I64]
-        self._gather_rows = lib.engine_gather_rows
-        self._gather_rows.restype = _I32
-        self._gather_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _I64]
-        self._graph_run = lib.engine_graph_run
-        self._graph_run.restype = _I64
-        self._graph_run.argtypes = [_P, _I64, _I64, _I32]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
         #: Whether a float32 weight whose values are all bfloat16 values can be packed as
@@ -245,9 +166,9 @@ class NativeKernels:
         """
         rows, n = x.shape
         code = _dtype_code("rms_norm", x)
-        _check_rows("rms_norm", x.dtype, n, x, *(() if residual is None else (residual,)))
-        _check_rows("rms_norm", x.dtype, n, weight.view(1, -1))
-        _call("rms_norm", self._invoke("rms_norm", self._rms_norm,
+        check_rows("rms_norm", x.dtype, n, x, *(() if residual is None else (residual,)))
+        check_rows("rms_norm", x.dtype, n, weight.view(1, -1))
+        call_status("rms_norm", self._invoke("rms_norm", self._rms_norm,
             code, x.data_ptr(), x.stride(0), None if residual is None else residual.data_ptr(),
             0 if residual is None else residual.stride(0), weight.data_ptr(), rows, n, eps,
             torch.get_num_threads()))
@@ -285,17 +206,17 @@ class NativeKernels:
         if status == 2:
             raise IndexError(f"rotary_embedding: a position is outside the cos/sin cache "
                              f"(0..{cos_sin_cache.shape[0] - 1})")
-        _call("rotary_embedding", status)
+        call_status("rotary_embedding", status)
 
     def silu_and_mul(self, x: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` ``[rows, d]`` = ``silu(x[:, :d]) * x[:, d:]``, ``x`` ``[rows, 2d]``."""
         rows, d = out.shape
         code = _dtype_code("silu_and_mul", x)
-        _check_rows("silu_and_mul", x.dtype, 2 * d, x)
-        _check_rows("silu_and_mul", x.dtype, d, out)
+        check_rows("silu_and_mul", x.dtype, 2 * d, x)
+        check_rows("silu_and_mul", x.dtype, d, out)
         if x.shape[0] != rows:
             raise ValueError(f"silu_and_mul: {x.shape[0]} input rows, {rows} output rows")
-        _call("silu_and_mul", self._invoke("silu_and_mul", self._silu_and_mul,
+        call_status("silu_and_mul", self._invoke("silu_and_mul", self._silu_and_mul,
             code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
             torch.get_num_threads()))
 
@@ -365,7 +286,7 @@ class NativeKernels:
                               torch.get_num_threads())
         if as_bfloat16 and status == 3:  # a value with float32 bits below bfloat16's
             return None
-        _call("pack_matmul_weight", status)
+        call_status("pack_matmul_weight", status)
         return packed
 
     def packed_matmul(self, x: torch.Tensor, packed: torch.Tensor, n: int,
@@ -410,50 +331,6 @@ class NativeKernels:
         self._run_small_matmul("matmul", self._matmul, x, (
             dense, None if panels is None else panels.data_ptr()), k, bias, out,
             max_rows=None, code=code)
-
-    def copy_rows(self, src: torch.Tensor, out: torch.Tensor) -> None:
-        """``out`` = ``src``: ``[rows, ...]`` views whose rows (``t[i]``) are contiguous."""
-        if src.shape != out.shape or src.dtype != out.dtype or src.dim() == 0 or not (
-                src.is_cpu and out.is_cpu and src[0].is_contiguous() and out[0].is_contiguous()):
-            raise ValueError(f"copy_rows: expected two CPU views of one shape and dtype with "
-                             f"contiguous rows, got {tuple(src.shape)} {src.dtype} and "
-                             f"{tuple(out.shape)} {out.dtype}")
-        size = src.element_size()
-        _call("copy_rows", self._invoke(
-            "copy_rows", self._copy_rows, src.data_ptr(), src.stride(0) * size, out.data_ptr(),
-            out.stride(0) * size, src.shape[0], src[0].numel() * size))
-
-    def gather_rows(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
-        """``out[t]`` = ``table[ids[t]]``: an embedding lookup.
-
-        An id outside the table is an IndexError (nothing is written).
-
-        ``table``: ``[V, D]`` with contiguous rows; ``ids``: int64 ``[T]``, contiguous;
-        ``out``: ``[T, D]`` of the table's dtype with contiguous rows.
-        """
-        rows, width = out.shape
-        _check_rows("gather_rows", table.dtype, width, table)
-        _check_rows("gather_rows", table.dtype, width, out)
-        if ids.dtype != torch.int64 or ids.shape != (rows,) or not ids.is_contiguous():
-            raise ValueError(f"gather_rows: expected contiguous int64 ids [{rows}], got "
-                             f"{tuple(ids.shape)} {ids.dtype}")
-        size = table.element_size()
-        status = self._invoke("gather_rows", self._gather_rows, table.data_ptr(),
-                              table.stride(0) * size, table.shape[0], ids.data_ptr(), rows,
-                              out.data_ptr(), out.stride(0) * size, width * size)
-        if status == 2:
-            raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
-        _call("gather_rows", status)
-
-    def run_graph(self, ops: torch.Tensor, rows: int) -> int:
-        """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.
-
-        ``ops``: contiguous int64 ``[num_ops, GRAPH_OP_WIDTH]``. Each kernel runs on at most
-        ``torch.get_num_threads()`` threads, fewer where it was recorded with fewer. Returns
-        0, or (index of the failing op + 1) * 256 + that kernel's status.
-        """
-        return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows,
-                                   torch.get_num_threads()))
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
         """Call ``entry``, or record its step-graph entry's call while a graph is recorded."""
@@ -504,13 +381,13 @@ class NativeKernels:
         if rows < 1 or (max_rows is not None and rows > max_rows):
             raise ValueError(f"{kernel}: {rows} rows; supported: 1.."
                              f"{max_rows if max_rows is not None else 'any'}")
-        _check_rows(kernel, x.dtype, k, x)
-        _check_rows(kernel, x.dtype, n, out)
+        check_rows(kernel, x.dtype, k, x)
+        check_rows(kernel, x.dtype, n, out)
         if x.shape[0] != rows:
             raise ValueError(f"{kernel}: {x.shape[0]} input rows, {rows} output rows")
         if bias is not None:
-            _check_rows(kernel, x.dtype, n, bias.view(1, -1))
-        _call(kernel, self._invoke(kernel, entry,
+            check_rows(kernel, x.dtype, n, bias.view(1, -1))
+        call_status(kernel, self._invoke(kernel, entry,
             DTYPE_CODES[x.dtype] if code is None else code, x.data_ptr(), x.stride(0), rows,
             *weights, n, k,
             None if bias is None else bias.data_ptr(), out.data_ptr(), out.stride(0),
@@ -531,7 +408,7 @@ class NativeKernels:
                              f"bytes), got type {ggml_type} {tuple(blocks.shape)}")
         _check_flat("gguf_dequant", ("blocks", blocks, torch.uint8, blocks.numel()),
                     ("out", out, out.dtype, blocks.shape[0] * 32))
-        _call("gguf_dequant", self._invoke("gguf_dequant", self._gguf_dequant,
+        call_status("gguf_dequant", self._invoke("gguf_dequant", self._gguf_dequant,
             ggml_type, blocks.data_ptr(), blocks.shape[0], code, out.data_ptr(),
             torch.get_num_threads()))
 
@@ -561,9 +438,10 @@ class NativeKernels:
         _check_flat("int4pack_dequant_t", ("packed", packed, torch.uint8, packed.numel()),
                     ("scales_zeros", scales_zeros, out.dtype, scales_zeros.numel()),
                     ("out", out, out.dtype, out.numel()))
-        _call("int4pack_dequant_t", self._invoke("int4pack_dequant_t", self._int4pack_dequant_t,
-            packed.data_ptr(), cols, 2 * half, start, stop - start, scales_zeros.data_ptr(),
-            rows, code, out.data_ptr(), torch.get_num_threads()))
+        call_status("int4pack_dequant_t", self._invoke(
+            "int4pack_dequant_t", self._int4pack_dequant_t, packed.data_ptr(), cols,
+            2 * half, start, stop - start, scales_zeros.data_ptr(), rows, code, out.data_ptr(),
+            torch.get_num_threads()))
 
     def write_kv(self, key: torch.Tensor, value: torch.Tensor, key_cache: torch.Tensor,
                  value_cache: torch.Tensor, slots: torch.Tensor) -> None:
@@ -596,7 +474,7 @@ class NativeKernels:
         _check_layout("paged_attention", (query, output), (key_cache, value_cache),
                       (block_table, requests, positions), torch.int32)
         code = _dtype_code("paged_attention", query)
-        _call("paged_attention", self._invoke("paged_attention", self._attention,
+        call_status("paged_attention", self._invoke("paged_attention", self._attention,
             code, query.data_ptr(), query.stride(0), query.stride(1),
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
             block_table.data_ptr(), block_table.stride(0), requests.data_ptr(),
@@ -629,11 +507,6 @@ def _dtype_code(kernel: str, tensor: torch.Tensor) -> int:
     return code
 
 
-def _call(kernel: str, status: int) -> None:
-    if status:  # the library and DTYPE_CODES disagree: a stale or foreign build
-        raise RuntimeError(f"{kernel}: the library refused its arguments (status {status})")
-
-
 def _check_flat(kernel: str, *specs: tuple[str, torch.Tensor, torch.dtype, int]) -> None:
     """Refuse anything but contiguous CPU tensors of the given dtype and element count."""
     for name, t, dtype, count in specs:
@@ -648,21 +521,10 @@ def _check_flat(kernel: str, *specs: tuple[str, torch.Tensor, torch.dtype, int])
 def _check_dense_weight(kernel: str, dtype: torch.dtype, weight: torch.Tensor) -> None:
     """A ``[N, K]`` weight of ``dtype`` the products read flat: contiguous."""
     n, k = weight.shape
-    _check_rows(kernel, dtype, k, weight)
+    check_rows(kernel, dtype, k, weight)
     if not weight.is_contiguous():
         raise ValueError(f"{kernel}: expected a contiguous [{n}, {k}] weight, got "
                          f"{tuple(weight.shape)} (contiguous: {weight.is_contiguous()})")
-
-
-def _check_rows(kernel: str, dtype: torch.dtype, width: int, *tensors: torch.Tensor) -> None:
-    """Refuse anything but ``[rows, width]`` CPU views of ``dtype`` with contiguous rows."""
-    rows = tensors[0].shape[0]
-    for t in tensors:
-        if (t.dim() != 2 or t.shape[0] != rows or t.shape[1] != width or t.stride(1) != 1
-                or t.dtype != dtype or not t.is_cpu):
-            raise ValueError(
-                f"{kernel}: expected [{rows}, {width}] {dtype} CPU tensors with contiguous rows, "
-                f"got {[(tuple(t.shape), t.stride(), t.dtype, t.device.type) for t in tensors]}")
 
 
 def _check_layout(kernel: str, rows: tuple[torch.Tensor, ...], caches: tuple[torch.Tensor, ...],
@@ -698,3 +560,8 @@ def _blocks_contiguous(cache: torch.Tensor) -> bool:
     s = cache.stride()
     return ((s[3] == 1 or head_size == 1) and (s[2] == head_size or block == 1)
             and (s[1] == block * head_size or heads == 1))
+
+
+__all__ = ["DTYPE_CODES", "GGUF_DEQUANT_TYPES", "GRAPH_KERNELS", "SMALL_MATMUL_ROWS",
+           "NativeKernels", "NativeKernelsUnavailable", "find_compiler", "load",
+           "native_kernels", "packed_matmul_size"]

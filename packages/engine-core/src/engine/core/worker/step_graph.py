@@ -45,7 +45,7 @@ import torch
 from torch import nn
 
 from engine.core.native.graph import KernelGraph, NotCapturable, record
-from engine.core.native.library import NativeKernels
+from engine.core.native.runtime import GraphRuntime
 from engine.core.plugin_faults import ForwardAttribution
 from engine.core.worker.capture import capture_or_explain
 from engine.core.worker.capture_components import PassComponents, held_tensors
@@ -143,7 +143,7 @@ class StepGraph:
         return self.graph.output(0, rows), logits.to(torch.float32, copy=True)
 
 
-def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
+def capture_step_graph(model: nn.Module, runtime: GraphRuntime | None,
                        builder: AttentionMetadataBuilder[Any], *, max_tokens: int,
                        max_reqs: int, max_blocks: int, block_size: int,
                        kv_caches: Sequence[torch.Tensor],
@@ -157,8 +157,8 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
     Raises:
         NotCapturable: the forward pass cannot be a graph; the message says why.
     """
-    if kernels is None:
-        raise NotCapturable("the CPU kernels are not built here")
+    if runtime is None:
+        raise NotCapturable("the step graph's runtime (a C++ library) is not built here")
     rows = min(max_tokens, MAX_GRAPH_TOKENS)
     if rows < 2:
         raise NotCapturable(f"steps of {rows} token are too small to be worth a graph")
@@ -179,8 +179,8 @@ def capture_step_graph(model: nn.Module, kernels: NativeKernels | None,
 
     counts = [rows, *(n for n in EXTRA_RECORDINGS if n < rows)]
     with torch.inference_mode():
-        head_refused, recordings = _record(components, kernels, forward, counts, known)
-    step_graph = StepGraph(KernelGraph.from_recordings(kernels, recordings), inputs, builder,
+        head_refused, recordings = _record(components, runtime, forward, counts, known)
+    step_graph = StepGraph(KernelGraph.from_recordings(runtime, recordings), inputs, builder,
                            max_reqs, max_blocks)
     step_graph.head_refused = head_refused
     null_blocks = [cache[:, 0].clone() for cache in kv_caches]  # the check writes there
@@ -210,7 +210,7 @@ class _HeadRefused(NotCapturable):
     """``compute_logits`` cannot be a stage of the graph (the layers may still be)."""
 
 
-def _record(components: PassComponents, kernels: NativeKernels,
+def _record(components: PassComponents, runtime: GraphRuntime,
             forward: Callable[[int], torch.Tensor], counts: Sequence[int],
             known: Sequence[torch.Tensor]) -> tuple[str | None, list[Any]]:
     """Recordings of the pass at ``counts`` tokens, with ``compute_logits`` where it can be.
@@ -231,11 +231,11 @@ def _record(components: PassComponents, kernels: NativeKernels,
 
     try:
         with components.checked(NotCapturable):
-            return None, [record(kernels, forward, n, known, then=head) for n in counts]
+            return None, [record(runtime, forward, n, known, then=head) for n in counts]
     except _HeadRefused as exc:
         head_refused = str(exc)
     with components.checked(NotCapturable):
-        return head_refused, [record(kernels, forward, n, known) for n in counts]
+        return head_refused, [record(runtime, forward, n, known) for n in counts]
 
 
 def _check_against_eager(model: nn.Module, step_graph: StepGraph, block_size: int) -> None:
@@ -269,12 +269,12 @@ def _check_against_eager(model: nn.Module, step_graph: StepGraph, block_size: in
                                 f"logits (a bug: please report it)")
 
 
-def try_capture(model: nn.Module, kernels: NativeKernels | None,
+def try_capture(model: nn.Module, runtime: GraphRuntime | None,
                 builder: AttentionMetadataBuilder[Any], *, enforce_eager: bool,
                 reasons: Sequence[str], quiet: bool = False, **kwargs: Any) -> StepGraph | None:
     """``capture_step_graph``, or None; one INFO line (DEBUG if ``quiet``) says which."""
     return capture_or_explain(
-        logger, "CPU step graph", lambda: capture_step_graph(model, kernels, builder, **kwargs),
+        logger, "CPU step graph", lambda: capture_step_graph(model, runtime, builder, **kwargs),
         _describe, refused=NotCapturable, enforce_eager=enforce_eager, reasons=reasons,
         quiet=quiet)
 

@@ -27,7 +27,7 @@ from torch import nn
 from engine.core.cpu_threads import log_choice, model_threads
 from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
-from engine.core.native import native_kernels
+from engine.core.native.runtime import graph_runtime
 from engine.core.plugin_construction import construct_plugin, logits_processor_classes
 from engine.core.plugin_faults import ForwardAttribution
 from engine.core.sample.faults import LogitsFaults
@@ -278,7 +278,7 @@ class Worker:
                 device=self.device, **named)
         else:
             runner.step_graph = try_capture(
-                self.built.model, native_kernels(), runner.builder,
+                self.built.model, graph_runtime(), runner.builder,
                 enforce_eager=setup.enforce_eager, reasons=reasons, quiet=again,
                 max_tokens=setup.max_num_batched_tokens, max_reqs=setup.config.max_num_seqs,
                 max_blocks=runner.input_batch.block_table.shape[1],

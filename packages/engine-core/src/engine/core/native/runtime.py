@@ -1,0 +1,123 @@
+"""The CPU step graph's runtime: its interpreter and the two calls a graph makes of its own.
+
+``graph.cpp`` is built as a library of its own (``build.build_library``), apart from the
+engine's CPU kernels: the interpreter calls function addresses (``engine.sdk.graph_calls``)
+and names no kernel, so a graph records any kernel's calls, the engine's or a plugin's, and
+the runtime needs none of them. Its own calls are the row copies (``copy_rows``: a
+``clone``, ``copy_`` or copying ``reshape`` in the pass) and the embedding's row gather
+(``gather_rows``), each run eagerly or recorded like any graph function.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from engine.core.native import build
+from engine.core.native.build import NativeKernelsUnavailable, call_status, check_rows
+from engine.sdk.graph_calls import MAX_ARGS, GraphFunction, is_recording
+
+SOURCES = {Path(__file__).with_name("graph.cpp"): ()}
+HEADERS = (Path(__file__).with_name("graph_call.h"),)
+#: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp, ``MAX_ARGS`` of the SDK's
+#: graph functions), and its int64s in all: the function, the mask of arguments that are
+#: the token count, the number of arguments, the arguments.
+GRAPH_MAX_ARGS = MAX_ARGS
+GRAPH_OP_WIDTH = 3 + GRAPH_MAX_ARGS
+_P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+
+
+@functools.cache
+def load_runtime() -> GraphRuntime:
+    """The runtime, built on first use; raises ``NativeKernelsUnavailable``."""
+    target = build.build_library("engine_graph_runtime", SOURCES, HEADERS,
+                                 build.find_compiler())
+    try:
+        return GraphRuntime(ctypes.CDLL(str(target)))
+    except OSError as exc:
+        raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
+
+
+@functools.cache
+def graph_runtime() -> GraphRuntime | None:
+    """The runtime, or None where it cannot be built here (``load_runtime()`` says why)."""
+    try:
+        return load_runtime()
+    except NativeKernelsUnavailable:
+        return None
+
+
+class GraphRuntime:
+    """Typed calls into the built runtime."""
+
+    def __init__(self, lib: ctypes.CDLL) -> None:
+        self._copy_rows = lib.engine_copy_rows
+        self._copy_rows.restype = _I32
+        self._copy_rows.argtypes = [_P, _I64, _P, _I64, _I64, _I64]
+        self._gather_rows = lib.engine_gather_rows
+        self._gather_rows.restype = _I32
+        self._gather_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _I64]
+        self._graph_run = lib.engine_graph_run
+        self._graph_run.restype = _I64
+        self._graph_run.argtypes = [_P, _I64, _I64, _I32]
+        self._copy_call = GraphFunction.from_library(lib, "engine_graph_copy_rows", "copy_rows")
+        self._gather_call = GraphFunction.from_library(lib, "engine_graph_gather_rows",
+                                                       "gather_rows")
+
+    def copy_rows(self, src: torch.Tensor, out: torch.Tensor) -> None:
+        """``out`` = ``src``: ``[rows, ...]`` views whose rows (``t[i]``) are contiguous."""
+        if src.shape != out.shape or src.dtype != out.dtype or src.dim() == 0 or not (
+                src.is_cpu and out.is_cpu and src[0].is_contiguous() and out[0].is_contiguous()):
+            raise ValueError(f"copy_rows: expected two CPU views of one shape and dtype with "
+                             f"contiguous rows, got {tuple(src.shape)} {src.dtype} and "
+                             f"{tuple(out.shape)} {out.dtype}")
+        size = src.element_size()
+        args = (src.data_ptr(), src.stride(0) * size, out.data_ptr(), out.stride(0) * size,
+                src.shape[0], src[0].numel() * size)
+        if is_recording():
+            self._copy_call(ctypes.c_void_p(args[0]), args[1], ctypes.c_void_p(args[2]),
+                            *args[3:])
+            return
+        call_status("copy_rows", self._copy_rows(*args))
+
+    def gather_rows(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
+        """``out[t]`` = ``table[ids[t]]``: an embedding lookup.
+
+        An id outside the table is an IndexError (nothing is written).
+
+        ``table``: ``[V, D]`` with contiguous rows; ``ids``: int64 ``[T]``, contiguous;
+        ``out``: ``[T, D]`` of the table's dtype with contiguous rows.
+        """
+        rows, width = out.shape
+        check_rows("gather_rows", table.dtype, width, table)
+        check_rows("gather_rows", table.dtype, width, out)
+        if ids.dtype != torch.int64 or ids.shape != (rows,) or not ids.is_contiguous():
+            raise ValueError(f"gather_rows: expected contiguous int64 ids [{rows}], got "
+                             f"{tuple(ids.shape)} {ids.dtype}")
+        size = table.element_size()
+        if is_recording():
+            self._gather_call(table, table.stride(0) * size, table.shape[0], ids, rows, out,
+                              out.stride(0) * size, width * size)
+            return
+        status = self._gather_rows(table.data_ptr(), table.stride(0) * size, table.shape[0],
+                                   ids.data_ptr(), rows, out.data_ptr(), out.stride(0) * size,
+                                   width * size)
+        if status == 2:
+            raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
+        call_status("gather_rows", status)
+
+    def run_graph(self, ops: torch.Tensor, rows: int) -> int:
+        """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.
+
+        ``ops``: contiguous int64 ``[num_ops, GRAPH_OP_WIDTH]``. Each call is told it may
+        use ``torch.get_num_threads()`` threads. Returns 0, or (index of the failing op + 1)
+        * 256 + that call's status.
+        """
+        return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows,
+                                   torch.get_num_threads()))
+
+
+__all__ = ["GRAPH_MAX_ARGS", "GRAPH_OP_WIDTH", "GraphRuntime", "graph_runtime", "load_runtime"]
