@@ -12,13 +12,15 @@ checks their Python wrappers share.
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 
@@ -28,6 +30,7 @@ from engine.core.machine import cache_dir, cpu_flags
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
 COMPILE_FLAGS = ("-O3", "-fopenmp", "-fPIC", "-std=c++17")
 LINK_FLAGS = ("-shared", "-fopenmp")
+T = TypeVar("T")
 
 
 class NativeKernelsUnavailable(RuntimeError):
@@ -81,6 +84,16 @@ def build_library(stem: str, sources: Mapping[Path, Sequence[str]], headers: Seq
                 f"building into {target.parent} failed ({exc}); set ENGINE_CACHE_DIR to a "
                 f"writable directory") from None
     return target
+
+
+def load_library(stem: str, sources: Mapping[Path, Sequence[str]], headers: Sequence[Path],
+                 compiler: str | None, wrap: Callable[[ctypes.CDLL], T]) -> T:
+    """``wrap`` of the loaded ``build_library(...)``; raises ``NativeKernelsUnavailable``."""
+    target = build_library(stem, sources, headers, compiler)
+    try:
+        return wrap(ctypes.CDLL(str(target)))
+    except OSError as exc:
+        raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
 
 
 def _build(compiler: str, target: Path, sources: Mapping[Path, Sequence[str]]) -> None:

@@ -28,10 +28,10 @@ import torch
 
 from engine.core.native.build import (
     NativeKernelsUnavailable,
-    build_library,
     call_status,
     check_rows,
     find_compiler,
+    load_library,
 )
 from engine.sdk.graph_calls import GraphFunction, is_recording
 
@@ -73,11 +73,8 @@ _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 @functools.cache
 def load() -> NativeKernels:
     """The kernels, built on first use; raises ``NativeKernelsUnavailable``."""
-    target = build_library("engine_cpu_kernels", SOURCES, HEADERS, find_compiler())
-    try:
-        return NativeKernels(ctypes.CDLL(str(target)))
-    except OSError as exc:
-        raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
+    return load_library("engine_cpu_kernels", SOURCES, HEADERS, find_compiler(),
+                        NativeKernels)
 
 
 @functools.cache

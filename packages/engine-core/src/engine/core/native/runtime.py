@@ -33,12 +33,8 @@ _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 @functools.cache
 def load_runtime() -> GraphRuntime:
     """The runtime, built on first use; raises ``NativeKernelsUnavailable``."""
-    target = build.build_library("engine_graph_runtime", SOURCES, HEADERS,
-                                 build.find_compiler())
-    try:
-        return GraphRuntime(ctypes.CDLL(str(target)))
-    except OSError as exc:
-        raise NativeKernelsUnavailable(f"loading {target} failed: {exc}") from None
+    return build.load_library("engine_graph_runtime", SOURCES, HEADERS,
+                              build.find_compiler(), GraphRuntime)
 
 
 @functools.cache
