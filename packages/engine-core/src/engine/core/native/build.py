@@ -25,6 +25,7 @@ from typing import TypeVar
 import torch
 
 from engine.core.machine import cache_dir, cpu_flags
+from engine.sdk.graph_calls import GraphFunction, is_recording
 
 # -ffast-math only when compiling: linked with it, GCC < 13 adds crtfastmath.o, whose
 # constructor turns on flush-to-zero for the whole process (torch's numerics included).
@@ -113,6 +114,32 @@ def _build(compiler: str, target: Path, sources: Mapping[Path, Sequence[str]]) -
                 raise NativeKernelsUnavailable(
                     f"building {what} with {compiler} failed:\n{result.stderr.strip()}")
         os.replace(built, target)  # atomic: a concurrent process sees all of it or none
+
+
+def invoke(kernel: str, entry: Callable[..., int | None], function: GraphFunction | None,
+           *args: object) -> int:
+    """Call the ctypes function ``entry``, or record its step-graph entry ``function``.
+
+    While a step graph is recorded the call of ``function`` with the same arguments is
+    recorded instead (``entry.argtypes`` say which are pointers and floats). Returns the
+    status (0 when recorded).
+
+    Raises:
+        NotCapturable: a recording reached a kernel without a step-graph entry.
+    """
+    if is_recording():
+        if function is None:
+            from engine.core.native.graph import NotCapturable
+
+            raise NotCapturable(f"the native kernel {kernel} has no step-graph entry")
+        argtypes = entry.argtypes  # type: ignore[attr-defined]
+        return function(*(ctypes.c_void_p(int(value or 0))  # type: ignore[call-overload]
+                          if ctype is ctypes.c_void_p
+                          else float(value) if ctype is ctypes.c_float  # type: ignore[arg-type]
+                          else int(value)  # type: ignore[call-overload]
+                          for value, ctype in zip(args, argtypes, strict=True)))
+    status = entry(*args)
+    return 0 if status is None else status
 
 
 def call_status(kernel: str, status: int) -> None:

@@ -37,7 +37,6 @@ from __future__ import annotations
 
 import bisect
 import contextlib
-import struct
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +45,7 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from engine.core.native.runtime import GRAPH_MAX_ARGS, GRAPH_OP_WIDTH, GraphRuntime
+from engine.core.native.runtime import GRAPH_OP_WIDTH, GraphRuntime
 from engine.sdk import graph_calls
 from engine.sdk.graph_calls import GraphFunction, GraphValue, Pointer
 
@@ -149,9 +148,7 @@ class _Recorder:
         self.known = known  # (start, end) of the memory the graph may point at directly
 
     def record_call(self, function: GraphFunction, args: Sequence[GraphValue]) -> None:
-        if len(args) > GRAPH_MAX_ARGS:
-            raise NotCapturable(f"{function.name} takes {len(args)} arguments; a graph's "
-                                f"calls take at most {GRAPH_MAX_ARGS}")
+        # GraphFunction has checked the arguments (at most GRAPH_MAX_ARGS, each typed).
         values = [self._pointer(function.name, value.address) if isinstance(value, Pointer)
                   else value for value in args]
         self.recording.ops.append(_Call(function.name, function.address, values))
@@ -461,6 +458,4 @@ def _encode(value: Any, origin: int, offsets: list[int]) -> int:
         return 0
     if isinstance(value, _Buffer):
         return origin + offsets[value.index] + value.offset
-    if isinstance(value, float):
-        return int(struct.unpack("<I", struct.pack("<f", value))[0])
-    return int(value)
+    return graph_calls.encode([value])[0]  # an address, an integer, or a float's 32 bits

@@ -31,9 +31,10 @@ from engine.core.native.build import (
     call_status,
     check_rows,
     find_compiler,
+    invoke,
     load_library,
 )
-from engine.sdk.graph_calls import GraphFunction, is_recording
+from engine.sdk.graph_calls import GraphFunction
 
 # Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
 # freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
@@ -331,23 +332,7 @@ class NativeKernels:
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
         """Call ``entry``, or record its step-graph entry's call while a graph is recorded."""
-        if is_recording():
-            return self._record(kernel, entry, args)
-        status = entry(*args)
-        return 0 if status is None else status
-
-    def _record(self, kernel: str, entry: Callable[..., int | None],
-                args: tuple[object, ...]) -> int:
-        function = self.graph_functions.get(kernel)
-        if function is None:
-            from engine.core.native.graph import NotCapturable
-
-            raise NotCapturable(f"the native kernel {kernel} has no step-graph entry")
-        argtypes = entry.argtypes  # type: ignore[attr-defined]
-        return function(*(ctypes.c_void_p(int(value or 0)) if ctype is _P  # type: ignore[call-overload]
-                          else float(value) if ctype is _F  # type: ignore[arg-type]
-                          else int(value)  # type: ignore[call-overload]
-                          for value, ctype in zip(args, argtypes, strict=True)))
+        return invoke(kernel, entry, self.graph_functions.get(kernel), *args)
 
     def _check_panels(self, kernel: str, dtype: torch.dtype, k: int, panels: torch.Tensor,
                       n: int) -> int:

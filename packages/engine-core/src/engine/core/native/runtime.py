@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from engine.core.native import build
-from engine.core.native.build import NativeKernelsUnavailable, call_status, check_rows
-from engine.sdk.graph_calls import MAX_ARGS, GraphFunction, is_recording
+from engine.core.native.build import NativeKernelsUnavailable, call_status, check_rows, invoke
+from engine.sdk.graph_calls import MAX_ARGS, GraphFunction
 
 SOURCES = {Path(__file__).with_name("graph.cpp"): ()}
 HEADERS = (Path(__file__).with_name("graph_call.h"),)
@@ -71,13 +71,9 @@ class GraphRuntime:
                              f"contiguous rows, got {tuple(src.shape)} {src.dtype} and "
                              f"{tuple(out.shape)} {out.dtype}")
         size = src.element_size()
-        args = (src.data_ptr(), src.stride(0) * size, out.data_ptr(), out.stride(0) * size,
-                src.shape[0], src[0].numel() * size)
-        if is_recording():
-            self._copy_call(ctypes.c_void_p(args[0]), args[1], ctypes.c_void_p(args[2]),
-                            *args[3:])
-            return
-        call_status("copy_rows", self._copy_rows(*args))
+        call_status("copy_rows", invoke(
+            "copy_rows", self._copy_rows, self._copy_call, src.data_ptr(), src.stride(0) * size,
+            out.data_ptr(), out.stride(0) * size, src.shape[0], src[0].numel() * size))
 
     def gather_rows(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         """``out[t]`` = ``table[ids[t]]``: an embedding lookup.
@@ -94,13 +90,9 @@ class GraphRuntime:
             raise ValueError(f"gather_rows: expected contiguous int64 ids [{rows}], got "
                              f"{tuple(ids.shape)} {ids.dtype}")
         size = table.element_size()
-        if is_recording():
-            self._gather_call(table, table.stride(0) * size, table.shape[0], ids, rows, out,
-                              out.stride(0) * size, width * size)
-            return
-        status = self._gather_rows(table.data_ptr(), table.stride(0) * size, table.shape[0],
-                                   ids.data_ptr(), rows, out.data_ptr(), out.stride(0) * size,
-                                   width * size)
+        status = invoke("gather_rows", self._gather_rows, self._gather_call, table.data_ptr(),
+                        table.stride(0) * size, table.shape[0], ids.data_ptr(), rows,
+                        out.data_ptr(), out.stride(0) * size, width * size)
         if status == 2:
             raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
         call_status("gather_rows", status)
