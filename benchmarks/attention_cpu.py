@@ -17,8 +17,9 @@ from collections.abc import Callable
 
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.attention import TorchAttentionBackend
 from engine.core.worker.kv_cache import zeroed
+from engine.kernels.cpu.attention import CpuAttentionBackend
 from engine.sdk.attention import (
     AttentionBackend,
     AttentionContext,

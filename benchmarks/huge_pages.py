@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from engine.core.native import native_kernels
+from engine.kernels.cpu.native import native_kernels
 
 SHAPES = [(1280, 768), (768, 768), (5120, 768), (768, 2560)] * 12 + [(8192, 768)]
 HUGE_PAGE = 2 << 20

@@ -190,12 +190,12 @@ def attention_rows(iters: int) -> list[KernelRow]:
 
 
 def op_rows(iters: int) -> list[KernelRow]:
-    from engine.kernels.ops import TritonRMSNorm, TritonRotaryEmbedding, TritonSiluAndMul
+    from engine.kernels.ops import RMSNorm, RotaryEmbedding, SiluAndMul
     from engine.sdk.ops import RotaryEmbeddingOp
 
     rows = []
     bf16 = {"dtype": torch.bfloat16, "device": "cuda"}
-    norm = TritonRMSNorm(2048, dtype=torch.bfloat16, dispatch_key="cuda").cuda()
+    norm = RMSNorm(2048, dtype=torch.bfloat16, dispatch_key="cuda").cuda()
     x, residual = torch.randn(2, 4096, 2048, **bf16)
     y, new_residual = norm(x.clone(), residual.clone())
     ref_y, ref_residual = norm.forward_native(x, residual)
@@ -205,7 +205,7 @@ def op_rows(iters: int) -> list[KernelRow]:
         3e-2, cuda_ms(lambda: norm(x, residual.clone()), iters),
         cuda_ms(lambda: norm.forward_native(x, residual), iters), "forward_native"))
     cache = RotaryEmbeddingOp.default_cos_sin_cache(128, 8192).cuda()
-    rope = TritonRotaryEmbedding(128, 128, cache, True, dispatch_key="cuda")
+    rope = RotaryEmbedding(128, 128, cache, True, dispatch_key="cuda")
     positions = torch.randint(0, 8192, (4096,), device="cuda")
     q, k = torch.randn(4096, 32, 128, **bf16), torch.randn(4096, 8, 128, **bf16)
     got, ref = rope(positions, q.clone(), k.clone()), rope.forward_native(positions, q, k)
@@ -214,7 +214,7 @@ def op_rows(iters: int) -> list[KernelRow]:
         max(max_error(got[0], ref[0]), max_error(got[1], ref[1])), 3e-2,
         cuda_ms(lambda: rope(positions, q, k), iters),
         cuda_ms(lambda: rope.forward_native(positions, q, k), iters), "forward_native"))
-    silu = TritonSiluAndMul(dispatch_key="cuda")
+    silu = SiluAndMul(dispatch_key="cuda")
     gate_up = torch.randn(4096, 2 * 8192, **bf16)
     rows.append(KernelRow(
         "silu_and_mul", "4096 x 2*8192", max_error(silu(gate_up), silu.forward_native(gate_up)),

@@ -21,11 +21,8 @@ import time
 
 import torch
 
-from engine.core.model_executor.linear_kernels import (
-    CpuLinearKernel,
-    OneDNNLinearKernel,
-    TorchLinearKernel,
-)
+from engine.core.model_executor.linear_kernels import TorchLinearKernel
+from engine.kernels.cpu.linear import CpuLinearKernel, OneDNNLinearKernel
 from engine.sdk.linear_kernel import LinearKernelConfig
 
 SHAPES = {"qkv_proj": (1280, 768), "o_proj": (768, 768), "gate_up_proj": (5120, 768),

@@ -15,12 +15,10 @@ from collections.abc import Callable
 
 import torch
 
-from engine.core.model_executor.layers.builtin_ops import (
-    RMSNorm,
-    RotaryEmbedding,
-    SiluAndMul,
-    native_kernels,
-)
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.cpu.ops import CpuRMSNorm as RMSNorm
+from engine.kernels.cpu.ops import CpuRotaryEmbedding as RotaryEmbedding
+from engine.kernels.cpu.ops import CpuSiluAndMul as SiluAndMul
 from engine.sdk.ops import RotaryEmbeddingOp
 
 HIDDEN, HEADS, KV_HEADS, HEAD_SIZE, INTERMEDIATE = 768, 12, 4, 64, 2560

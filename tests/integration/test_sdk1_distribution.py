@@ -138,13 +138,12 @@ def test_plugins_list_shows_each_op_implementation(sdk1_plugin_dir: Path) -> Non
     assert ("  rms_norm = engine_test_plugin_sdk1.ops:Sdk1RMSNorm "
             f"({DIST} 1.0.0)  [default: ranks first with a cpu path (priority 0, a third "
             "party's over the engine's)]") in listed.stdout
-    assert ("  silu_and_mul = built-in "
-            "engine.core.model_executor.layers.builtin_ops:SiluAndMul  [no replacement is "
-            "installed]") in listed.stdout
+    assert ("  silu_and_mul = engine.kernels.ops:SiluAndMul (engine-kernels 0.1.0)  [default: "
+            "the only implementation with a cpu path]") in listed.stdout
     off = run_engine_cli(["plugins", "list", "--plugins", DIST, "--custom-ops=-rms_norm",
                           "--json"], sdk1_plugin_dir)
     assert off.returncode == 0, off.stderr
-    [row] = [r for r in json.loads(off.stdout)  # (engine-kernels' ops are listed, skipped)
+    [row] = [r for r in json.loads(off.stdout)  # (engine-kernels' ops are listed too)
              if r["group"] == sdk_groups.CUSTOM_OPS and r["distribution"] == DIST]
     assert (row["name"], row["used"], row["used_reason"]) == (
         "rms_norm", False, "--custom-ops: -rms_norm")

@@ -15,15 +15,16 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.attention import TorchAttentionBackend
 from engine.core.attention.torch_backend import TorchAttentionImpl
 from engine.core.kernel_choice import attention_selection, store
 from engine.core.kernel_choice.attention_selection import measured_attention_backend
-from engine.core.native import native_kernels
 from engine.core.platforms._builtin import CpuPlatform, CudaPlatform
 from engine.core.plugins import PluginCatalog, PluginEntry
 from engine.core.plugins._allowlist import Allowlist
 from engine.core.plugins._local import plugin_reference
+from engine.kernels.cpu.attention import CpuAttentionBackend
+from engine.kernels.cpu.native import native_kernels
 from engine.sdk.attention import AttentionSpec
 from engine.sdk.groups import ATTENTION_BACKENDS
 

@@ -15,8 +15,9 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.attention import TorchAttentionBackend
 from engine.core.attention.torch_backend import TorchAttentionImpl, TorchAttentionMetadataBuilder
+from engine.kernels.cpu.attention import CpuAttentionBackend
 from engine.sdk.attention import (
     AttentionImpl,
     AttentionMetadataBuilder,

@@ -1,8 +1,9 @@
 """Several implementations of one op coexist: eligibility, priority, the operator's choice.
 
 The catalogs here hold entries of several distributions for ``rms_norm`` (an engine-kernels-
-like first-party one with a CUDA path only, third parties' with a CPU path) beside
-engine-core's built-in; ``test_custom_op_selection.py`` covers the items themselves.
+like first-party one with CPU and CUDA paths, third parties' with a CPU path) beside
+engine-core's built-in (the reference, a path of its own on no device);
+``test_custom_op_selection.py`` covers the items themselves.
 """
 
 from __future__ import annotations
@@ -31,8 +32,11 @@ from engine.sdk.ops import RMSNormOp
 CPU = PlatformInfo(name="cpu", device_type="cpu")
 
 
-class TritonLikeRMSNorm(RMSNormOp):
-    """A CUDA path only, as engine-kernels' replacements have."""
+class KernelsLikeRMSNorm(RMSNormOp):
+    """A CPU and a CUDA path, as engine-kernels' ops have."""
+
+    def forward_cpu(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
+        return self.forward_native(x, residual)
 
     def forward_cuda(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> Any:
         return self.forward_native(x, residual)
@@ -69,7 +73,7 @@ def _entry(cls: type, distribution: str) -> PluginEntry:
     return PluginEntry(CUSTOM_OPS, "rms_norm", plugin_reference(cls), distribution, "1.0")
 
 
-KERNELS = _entry(TritonLikeRMSNorm, "engine-kernels")
+KERNELS = _entry(KernelsLikeRMSNorm, "engine-kernels")
 ACME = _entry(AcmeRMSNorm, "acme-ops")
 OTHER = _entry(OtherRMSNorm, "other-ops")
 
@@ -99,12 +103,13 @@ def test_a_third_party_replacement_beside_the_engine_s_own_is_used_where_it_has_
     assert choice.chosen == ACME
     assert choice.reason == ("default: ranks first with a cpu path (priority 0, a third "
                              "party's over the engine's)")
-    assert f"passed over: {KERNELS.value} (engine-kernels 1.0): it has no cpu path" in (
-        choice.full_reason)
+    assert ("passed over: engine.core.model_executor.layers.builtin_ops:RMSNorm (engine-core "
+            "0.1.0): it has no cpu path") in choice.full_reason
     lines = describe_candidates(choice)
     assert lines[0].startswith("  engine.core.model_executor.layers.builtin_ops:RMSNorm")
     assert any(line.startswith(f"* {ACME.value}") and "eligible" in line for line in lines)
-    # On CUDA the Triton-like one is the engine's own with a path; acme's has none.
+    assert _rms(_catalog(KERNELS)).chosen == KERNELS  # alone: the engine's CPU path
+    # On CUDA the engine-kernels-like one has a path; acme's has none.
     cuda = PlatformInfo(name="cuda", device_type="cuda")
     assert _rms(_catalog(KERNELS, ACME), platform=cuda).chosen == KERNELS
 
@@ -112,9 +117,11 @@ def test_a_third_party_replacement_beside_the_engine_s_own_is_used_where_it_has_
 def test_the_operator_forces_any_implementation() -> None:
     catalog = _catalog(KERNELS, ACME)
     assert _rms(catalog, "+rms_norm=engine-kernels").chosen == KERNELS
-    forced = _rms(catalog, "+rms_norm=engine-kernels")
-    assert forced.reason.startswith("--custom-ops: +rms_norm=engine-kernels (used although "
-                                    "it says: it has no cpu path of its own")
+    assert _rms(catalog, "+rms_norm=engine-kernels").reason == (
+        "--custom-ops: +rms_norm=engine-kernels")
+    forced = _rms(catalog, "+rms_norm=engine-core")
+    assert forced.reason.startswith("--custom-ops: +rms_norm=engine-core (used although it "
+                                    "says: it has no cpu path of its own")
     assert not _rms(catalog, "-rms_norm").use_replacement
     assert not _rms(catalog, "+rms_norm=engine-core").use_replacement
     assert _rms(catalog, "none", "+rms_norm=acme_ops").chosen == ACME  # normalised
@@ -122,7 +129,7 @@ def test_the_operator_forces_any_implementation() -> None:
     assert by_path.chosen.value == ACME.value and by_path.use_replacement
     replaced = select_custom_ops(catalog, CustomOpSettings(("+rms_norm=engine-kernels",)),
                                  "cpu", CPU)
-    assert replaced["rms_norm"][0] == KERNELS and replaced["rms_norm"][1] is TritonLikeRMSNorm
+    assert replaced["rms_norm"][0] == KERNELS and replaced["rms_norm"][1] is KernelsLikeRMSNorm
 
 
 def test_two_third_parties_of_equal_standing_need_the_operator_only_when_used(
@@ -158,9 +165,9 @@ def test_priority_ranks_before_the_third_party_rule() -> None:
     preferred = _entry(PreferredRMSNorm, "preferred-ops")
     assert _rms(_catalog(ACME, OTHER, preferred)).chosen == preferred  # no tie at the top
     fallback = _entry(FallbackRMSNorm, "fallback-ops")
-    choice = _rms(_catalog(fallback))
-    assert not choice.use_replacement  # the built-in (priority 0) beats priority -1
-    assert _rms(_catalog(fallback), "+rms_norm").chosen == fallback  # still forceable
+    assert _rms(_catalog(KERNELS, fallback)).chosen == KERNELS  # priority 0 beats -1
+    assert _rms(_catalog(KERNELS, fallback), "+rms_norm=fallback-ops").chosen == fallback
+    assert _rms(_catalog(fallback)).chosen == fallback  # the only one with a cpu path
 
 
 def test_is_supported_refusals_are_passed_over_with_their_reason() -> None:

@@ -73,8 +73,8 @@ def test_plugins_list_shows_each_op_s_candidates_and_the_winner(ops_plugin_dir: 
     assert ("rms_norm = engine_test_plugin_ops:FusedRMSNorm (engine-test-plugin-ops 0.1.0)"
             in rms)
     assert "* engine_test_plugin_ops:FusedRMSNorm (engine-test-plugin-ops 0.1.0)" in rms
-    assert "engine.kernels.ops:TritonRMSNorm (engine-kernels" in rms
+    assert "engine.kernels.ops:RMSNorm (engine-kernels" in rms
     assert "not eligible: it has no cpu path of its own" in rms
     forced = run_engine_cli(["plugins", "list", "--custom-ops", "+rms_norm=engine-kernels"],
                             ops_plugin_dir)
-    assert "rms_norm = engine.kernels.ops:TritonRMSNorm" in forced.stdout, forced.stderr
+    assert "rms_norm = engine.kernels.ops:RMSNorm" in forced.stdout, forced.stderr

@@ -159,8 +159,9 @@ def test_by_default_a_replacement_without_a_path_for_the_device_leaves_the_built
         assert _select(catalog, CustomOpSettings(), "cpu") == {}
     assert "rms_norm = built-in engine.core.model_executor.layers.builtin_ops:RMSNorm" in (
         caplog.text)
-    assert (f"passed over: {RMS_CUDA.value} ({DIST} 1.0): it has no cpu path of its own"
-            in caplog.text)
+    assert ("passed over: engine.core.model_executor.layers.builtin_ops:RMSNorm (engine-core "
+            "0.1.0): it has no cpu path of its own" in caplog.text)  # the reference
+    assert f"; {RMS_CUDA.value} ({DIST} 1.0): it has no cpu path of its own" in caplog.text
     assert "; --custom-ops +rms_norm=DISTRIBUTION forces one]" in caplog.text
     # Its own device, the reference key, or an item naming it: the replacement is used.
     assert _select(catalog, CustomOpSettings(), "cuda") == {

@@ -84,7 +84,8 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# tests/test_prefix_store_engine.py": _TESTS + "test_docs_kv_connectors.py",
     },
     "step-graph.md": {"# src/my_plugin/c_kernel.py": _TESTS + "test_docs_step_graph.py",
-                      "# tests/test_recorded.py": _TESTS + "test_docs_step_graph.py"},
+                      "# tests/test_recorded.py": _TESTS + "test_docs_step_graph.py",
+                      "# src/my_plugin/scale.py": _TESTS + "test_docs_step_graph.py"},
     "linear-kernels.md": {"from __future__ import annotations": _TESTS + "test_docs_kernels.py",
                           "# src/my_plugin/composed.py": _TESTS + "test_docs_kernels.py"},
     "logits-processors.md": {

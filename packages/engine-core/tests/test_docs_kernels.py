@@ -217,7 +217,7 @@ def test_the_kernel_composing_the_cpu_kernel_is_recorded_by_the_step_graph(
     from my_plugin.composed import ClippedCpuKernel
     from my_plugin.kernels import TorchInt8Kernel
 
-    from engine.core.native import native_kernels
+    from engine.kernels.cpu.native import native_kernels
     from engine.sdk.capture import CaptureContext, GraphKind
 
     kernels = native_kernels()

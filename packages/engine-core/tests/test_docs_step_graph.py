@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from engine.core import LLM
-from engine.core.native import native_kernels
+from engine.kernels.cpu.native import native_kernels
 from engine.sdk import SamplingParams
 from engine.sdk.groups import LINEAR_KERNELS
 from engine.testing.docs import code_block, page_package, run_page_tests
@@ -69,3 +69,16 @@ def test_the_c_kernel_is_recorded_beside_the_engines_kernels(
     names = Counter(graph.graph.names)
     assert names["my_plugin.matmul"] >= 7 and names["paged_attention"] >= 1
     assert tokens == eager
+
+
+def test_the_cpp_entry_builds_and_runs_as_written(tmp_path: Path,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """The ``engine.sdk.native`` section: its C++ entry and Python lines, as written."""
+    monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
+    modules = {"scale": code_block(PAGE, "# src/my_plugin/scale.py")}
+    with page_package(tmp_path, "my_plugin_cpp", modules) as root:
+        (root / "my_plugin_cpp" / "scale.cpp").write_text(
+            code_block(PAGE, "// src/my_plugin/scale.cpp: rows [rows, width] float32, "
+                             "contiguous, times factor in place.", language="cpp"))
+        import my_plugin_cpp.scale  # noqa: F401 - its asserts run on import
+    assert len(list((tmp_path / "cache" / "native").glob("my_plugin_scale-*.so"))) == 1

@@ -15,8 +15,9 @@ from engine.core.kernel_choice.buckets import RowBucket, bucket_index, row_bucke
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
 from engine.core.kernel_choice.timing import Timing, time_kernels
-from engine.core.model_executor.linear_kernels import CpuLinearKernel, TorchLinearKernel
-from engine.core.native import native_kernels
+from engine.core.model_executor.linear_kernels import TorchLinearKernel
+from engine.kernels.cpu.linear import CpuLinearKernel
+from engine.kernels.cpu.native import native_kernels
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support

@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import pytest
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.attention import TorchAttentionBackend
 from engine.core.kv_connectors import OffloadConnector, OffloadMeta
 from engine.core.kv_connectors._offload_scheduler import OffloadScheduler
 from engine.core.kv_connectors._offload_worker import OffloadWorker
+from engine.kernels.cpu.attention import CpuAttentionBackend
 from engine.sdk import KVConnectorMetadata
 from engine.testing.contracts import KVConnectorReport, KVSimConfig, check_kv_connector
 from engine.testing.contracts._kv_sim import KVConnectorDriver

@@ -8,16 +8,12 @@ import pytest
 import torch
 
 from engine.core import LLM, SamplingParams
-from engine.core.model_executor import linear_kernels
 from engine.core.model_executor.layers.linear import UnquantizedLinearMethod
-from engine.core.model_executor.linear_kernels import (
-    CpuLinearKernel,
-    OneDNNLinearKernel,
-    TorchLinearKernel,
-    onednn_has_bfloat16,
-)
-from engine.core.native import native_kernels
-from engine.core.native.library import SMALL_MATMUL_ROWS, NativeKernels
+from engine.core.model_executor.linear_kernels import TorchLinearKernel
+from engine.kernels.cpu import linear as linear_kernels
+from engine.kernels.cpu.linear import CpuLinearKernel, OneDNNLinearKernel, onednn_has_bfloat16
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.cpu.native.library import SMALL_MATMUL_ROWS, NativeKernels
 from engine.sdk import ValidationError
 from engine.sdk.linear_kernel import LinearKernelConfig
 from engine.sdk.platform import PlatformInfo

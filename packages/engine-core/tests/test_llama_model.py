@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
+from engine.core.attention import TorchAttentionBackend
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_executor.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from engine.kernels.cpu.attention import CpuAttentionBackend
 from engine.sdk.attention import AttentionContext, CommonAttentionMetadata
 from engine.sdk.model import ModelContext
 from engine.testing.models import build_tiny_checkpoint

@@ -18,10 +18,11 @@ from engine.core.custom_op_selection import select_custom_ops
 from engine.core.kernel_choice import op_selection, store
 from engine.core.kernel_choice.op_selection import OpMeasurer, OpShape
 from engine.core.model_executor.layers.builtin_ops import RMSNorm
-from engine.core.native import native_kernels
 from engine.core.plugins import PluginCatalog, PluginEntry
 from engine.core.plugins._allowlist import Allowlist
 from engine.core.plugins._local import plugin_reference
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.ops import RMSNorm as KernelsRMSNorm
 from engine.sdk.groups import CUSTOM_OPS
 from engine.sdk.ops import RMSNormOp
 from engine.sdk.platform import PlatformInfo
@@ -62,23 +63,24 @@ def chosen(plugins: PluginCatalog, shape: OpShape = SHAPE) -> type | None:
     return selected["rms_norm"][1] if "rms_norm" in selected else None
 
 
-@pytest.mark.skipif(NATIVE is None, reason="the built-in's CPU path needs the native kernels")
+@pytest.mark.skipif(NATIVE is None, reason="engine-kernels' CPU path needs the native kernels")
 @pytest.mark.usefixtures("choice_cache")
 def test_the_fastest_implementation_is_built_whatever_the_priorities(
         caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    plugins = catalog(("slow-norms", SlowNorm), ("wrong-norms", WrongNorm))
+    plugins = catalog(("engine-kernels", KernelsRMSNorm), ("slow-norms", SlowNorm),
+                      ("wrong-norms", WrongNorm))
     with caplog.at_level(logging.INFO):
-        assert chosen(plugins) is None  # the built-in: no replacement
-    assert "custom op rms_norm: engine-core for 1 row" in caplog.text
-    assert "rms_norm = built-in" in caplog.text and "measured fastest here" in caplog.text
+        assert chosen(plugins) is KernelsRMSNorm  # the engine's C++, priority 0
+    assert "custom op rms_norm: engine-kernels for 1 row" in caplog.text
+    assert "(engine-kernels 1.0) [default: measured fastest here" in caplog.text
     warning = next(r.getMessage() for r in caplog.records if r.levelno == logging.WARNING)
     assert "WrongNorm (wrong-norms) left out of the measured choice" in warning
     assert "differs from the reference (forward_native)" in warning
     (record,) = store.stored()
-    assert record.key["what"] == "custom_op" and record.plan.names == ("engine-core",)
+    assert record.key["what"] == "custom_op" and record.plan.names == ("engine-kernels",)
 
     monkeypatch.setattr(op_selection, "time_ops", lambda *a: pytest.fail("measured again"))
-    assert chosen(plugins) is None  # read back
+    assert chosen(plugins) is KernelsRMSNorm  # read back
 
 
 @pytest.mark.usefixtures("choice_cache")
@@ -88,8 +90,9 @@ def test_two_third_parties_of_equal_standing_are_measured_not_refused() -> None:
             return self.forward_native(x, residual)
 
     # unmeasured, two third parties ranked first together stop start-up (a tie)
-    assert chosen(catalog(("slow-norms", SlowNorm), ("fast-norms", FastNorm))) in (
-        None, FastNorm)  # the built-in's C++ or the faster of the two, never the slow one
+    assert chosen(catalog(("engine-kernels", KernelsRMSNorm), ("slow-norms", SlowNorm),
+                          ("fast-norms", FastNorm))) in (
+        KernelsRMSNorm, FastNorm)  # the engine's C++ or the faster of the two, never the slow
 
 
 def test_small_models_keep_the_ranked_order(monkeypatch: pytest.MonkeyPatch) -> None:

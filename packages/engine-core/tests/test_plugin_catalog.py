@@ -100,13 +100,16 @@ def test_allowlist_by_distribution_resolves_a_duplicate(plugins_on_path: Path) -
     policy = cat.load(SCHEDULING_POLICIES, "test_dup_policy")
     assert policy.__module__ == "engine_test_plugin_dup_b"
     manifest = PluginManifest.from_catalog(cat)
-    assert {e.distribution for e in manifest.entries} <= {"engine-test-plugin-dup-b",
-                                                          "engine-core", "engine-server"}
+    assert {e.distribution for e in manifest.entries} <= {
+        "engine-test-plugin-dup-b", "engine-core", "engine-server", "engine-kernels"}
 
 
 def test_none_allows_nothing(plugins_on_path: Path) -> None:
     cat = catalog("none")
-    assert not [e for e in cat.entries if cat.decision(e).allowed and not e.is_builtin]
+    allowed = [e for e in cat.entries if cat.decision(e).allowed and not e.is_builtin]
+    # The engine's kernels stay: the allowlist governs what third parties add.
+    assert allowed and {e.distribution for e in allowed} == {"engine-kernels"}
+    assert {cat.decision(e).reason for e in allowed} == {"the engine's own kernels"}
     with pytest.raises(PluginError, match="not allowed: ENGINE_PLUGINS=none"):
         cat.load(LOGITS_PROCESSORS, "test_good_ban_token")
 

@@ -20,11 +20,12 @@ import pytest
 import torch
 
 from engine.core import LLM
-from engine.core.attention import CpuAttentionBackend
-from engine.core.model_executor.linear_kernels import CpuLinearKernel, TorchLinearKernel
+from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.plugins import Allowlist, PluginCatalog, PluginManifest
 from engine.core.scheduler import FCFSPolicy
+from engine.kernels.cpu.attention import CpuAttentionBackend
+from engine.kernels.cpu.linear import CpuLinearKernel
 from engine.sdk import SamplingParams
 from engine.sdk.errors import PluginError, ValidationError
 from engine.sdk.groups import ATTENTION_BACKENDS, LINEAR_KERNELS, MODELS, SCHEDULING_POLICIES
@@ -120,8 +121,8 @@ def test_attention_backend_and_linear_kernel_named_like_built_ins(
     assert tokens == reference
     CALLS.clear()
     tokens, built = _run(
-        tiny_llama, attention_backend="engine.core.attention:CpuAttentionBackend",
-        linear_kernel="engine.core.model_executor.linear_kernels:CpuLinearKernel")
+        tiny_llama, attention_backend="engine.kernels.cpu.attention:CpuAttentionBackend",
+        linear_kernel="engine.kernels.cpu.linear:CpuLinearKernel")
     assert built.backend is CpuAttentionBackend and CALLS["kernel"] == 0
     assert tokens == reference
 

@@ -33,18 +33,18 @@ from engine.core.distributed import TensorParallelGroup
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.core.model_loader import default_model_path, iter_gguf_weights
-from engine.core.native import native_kernels
-from engine.core.native.library import SMALL_MATMUL_ROWS
-from engine.core.quantization import gguf_kernels
-from engine.core.quantization.gguf_formats import FORMATS, QK_K
-from engine.core.quantization.gguf_kernels import (
+from engine.core.startup import prepare
+from engine.core.worker.worker import Worker
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.cpu.native.library import SMALL_MATMUL_ROWS
+from engine.kernels.gguf import kernels as gguf_kernels
+from engine.kernels.gguf.formats import FORMATS, QK_K
+from engine.kernels.gguf.kernels import (
     GGUFDequantKernel,
     GGUFInt4Kernel,
     int4_fields,
 )
-from engine.core.quantization.gguf_method import GGUFConfig
-from engine.core.startup import prepare
-from engine.core.worker.worker import Worker
+from engine.kernels.gguf.method import GGUFConfig
 from engine.sdk import SamplingParams, UnsupportedError, ValidationError
 from engine.sdk.groups import QUANTIZATION
 from engine.sdk.linear_kernel import LinearKernelConfig, select_linear_kernel
@@ -155,7 +155,8 @@ def test_row_split_must_keep_whole_blocks() -> None:
     for rank in (0, 1):
         factory = LayerFactory(dtype=torch.float32, block_size=4,
                                attention_backend=TorchAttentionBackend, quant_config=config,
-                               tp=TensorParallelGroup(rank, 2))
+                               tp=TensorParallelGroup(rank, 2),
+                               linear_kernel_selector=lambda c: GGUFDequantKernel)
         with pytest.raises(UnsupportedError, match=r"o_proj splits its 96 inputs into 2 parts "
                                                    r"of 48, which are not whole Q8_0 blocks"):
             factory.linear("o_proj", 96, (64,), parallel="row")
@@ -290,7 +291,7 @@ class ComposedGGUF(QuantizationConfig):
     @staticmethod
     def engine_gguf() -> type[QuantizationConfig]:
         (entry,) = [e for e in entry_points(group=QUANTIZATION, name="gguf")
-                    if e.dist is not None and e.dist.name == "engine-core"]
+                    if e.dist is not None and e.dist.name == "engine-kernels"]
         cls: type[QuantizationConfig] = entry.load()
         return cls
 

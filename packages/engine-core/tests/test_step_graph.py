@@ -21,10 +21,10 @@ import torch
 from engine.core import LLM, SamplingParams
 from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.native import graph as native_graph
-from engine.core.native import library, native_kernels
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.runtime import graph_runtime
 from engine.core.worker import step_graph
+from engine.kernels.cpu.native import library, native_kernels
 from engine.sdk import graph_calls
 from engine.sdk.graph_calls import GraphFunction
 
@@ -137,8 +137,9 @@ def test_weights_packed_as_bfloat16_give_the_float32_panels_tokens(
      "torch_backend.TorchAttentionMetadataBuilder): it gives no metadata a graph can hold "
      "(its graph_metadata returns None)"),
     ({"linear_kernel": "onednn"}, "layers.0.self_attn.qkv_proj (linear kernel 'onednn' "
-     "(engine.core.model_executor.linear_kernels.OneDNNLinearKernel)): oneDNN's product is "
-     "not a native kernel"),
+     "(engine.kernels.cpu.linear.OneDNNLinearKernel) of plugin 'onednn' (group "
+     "engine.linear_kernels, distribution engine-kernels 0.1.0)): oneDNN's product is not a "
+     "native kernel"),
 ])
 def test_what_cannot_be_a_graph_runs_eagerly_and_says_why(
         tiny_llama: Path, eager: list[Any], caplog: pytest.LogCaptureFixture,

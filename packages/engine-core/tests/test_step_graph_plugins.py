@@ -22,11 +22,10 @@ import pytest
 import torch
 
 from engine.core import LLM, SamplingParams
-from engine.core.attention import CpuAttentionBackend
-from engine.core.attention.cpu_backend import CpuAttentionMetadataBuilder
 from engine.core.model_executor.models.llama import LlamaForCausalLM
-from engine.core.native import native_kernels
 from engine.core.native.graph import KernelGraph
+from engine.kernels.cpu.attention import CpuAttentionBackend, CpuAttentionMetadataBuilder
+from engine.kernels.cpu.native import native_kernels
 from engine.sdk.capture import CaptureContext
 from engine.sdk.groups import ATTENTION_BACKENDS, CUSTOM_OPS, MODELS
 from engine.sdk.model import ModelInterface

@@ -21,7 +21,6 @@ import torch
 from engine.core import LLM, SamplingParams
 from engine.core import thread_governor as governor_module
 from engine.core.cpu_threads import this_process
-from engine.core.native import native_kernels
 from engine.core.native.graph import KernelGraph
 from engine.core.thread_governor import (
     CONFIRM,
@@ -30,6 +29,7 @@ from engine.core.thread_governor import (
     follow_free_cpus,
     wanted_threads,
 )
+from engine.kernels.cpu.native import native_kernels
 
 STAT = """cpu  900 0 300 5000 100 0 0 50 0 0
 cpu0 500 0 100 2000 60 0 0 30 0 0

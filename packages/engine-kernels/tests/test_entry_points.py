@@ -17,9 +17,15 @@ PYPROJECT = Path(__file__).resolve().parents[1] / "pyproject.toml"
 DECLARED = {
     ("engine.attention_backends", "triton", "engine.kernels.attention:TritonAttentionBackend"),
     ("engine.linear_kernels", "int8_triton", "engine.kernels.linear:TritonInt8Kernel"),
-    ("engine.custom_ops", "rms_norm", "engine.kernels.ops:TritonRMSNorm"),
-    ("engine.custom_ops", "rotary_embedding", "engine.kernels.ops:TritonRotaryEmbedding"),
-    ("engine.custom_ops", "silu_and_mul", "engine.kernels.ops:TritonSiluAndMul"),
+    ("engine.custom_ops", "rms_norm", "engine.kernels.ops:RMSNorm"),
+    ("engine.custom_ops", "rotary_embedding", "engine.kernels.ops:RotaryEmbedding"),
+    ("engine.custom_ops", "silu_and_mul", "engine.kernels.ops:SiluAndMul"),
+    ("engine.attention_backends", "cpu", "engine.kernels.cpu.attention:CpuAttentionBackend"),
+    ("engine.linear_kernels", "cpu", "engine.kernels.cpu.linear:CpuLinearKernel"),
+    ("engine.linear_kernels", "onednn", "engine.kernels.cpu.linear:OneDNNLinearKernel"),
+    ("engine.linear_kernels", "gguf_dequant", "engine.kernels.gguf.kernels:GGUFDequantKernel"),
+    ("engine.linear_kernels", "gguf_int4", "engine.kernels.gguf.kernels:GGUFInt4Kernel"),
+    ("engine.quantization", "gguf", "engine.kernels.gguf.method:GGUFConfig"),
 }
 
 

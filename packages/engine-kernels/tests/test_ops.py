@@ -7,7 +7,7 @@ import torch
 
 from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.kernels import _jit
-from engine.kernels.ops import TritonRMSNorm, TritonRotaryEmbedding, TritonSiluAndMul
+from engine.kernels.ops import RMSNorm, RotaryEmbedding, SiluAndMul
 from engine.sdk.ops import RotaryEmbeddingOp, check_replacement
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -34,7 +34,7 @@ def rounded_alike(actual: torch.Tensor, expected: torch.Tensor) -> None:
         assert torch.equal(actual, expected)
 
 
-@pytest.mark.parametrize("op", [TritonRMSNorm, TritonRotaryEmbedding, TritonSiluAndMul])
+@pytest.mark.parametrize("op", [RMSNorm, RotaryEmbedding, SiluAndMul])
 def test_each_is_a_valid_replacement_of_its_op(op: type) -> None:
     assert check_replacement(op.name, op)
 
@@ -43,7 +43,7 @@ def test_each_is_a_valid_replacement_of_its_op(op: type) -> None:
 @pytest.mark.parametrize("hidden", [64, 200])
 def test_rms_norm_and_its_fused_residual_add(dtype: torch.dtype, hidden: int,
                                              device: str) -> None:
-    op = TritonRMSNorm(hidden, eps=1e-5, dtype=dtype, dispatch_key="cuda").to(device)
+    op = RMSNorm(hidden, eps=1e-5, dtype=dtype, dispatch_key="cuda").to(device)
     with torch.no_grad():
         op.weight.copy_(torch.randn(hidden) * 0.5 + 1)
     fused = torch.randn(5, 2 * hidden).to(dtype).to(device)
@@ -75,7 +75,7 @@ def test_rotary_embedding(dtype: torch.dtype, is_neox: bool, head_size: int, rot
                           scaling: str, device: str) -> None:
     cache = (llama3_cache(rotary_dim, 512) if scaling == "llama3" else
              RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, 512))
-    op = TritonRotaryEmbedding(head_size, rotary_dim, cache, is_neox,
+    op = RotaryEmbedding(head_size, rotary_dim, cache, is_neox,
                                dispatch_key="cuda").to(device)
     positions = torch.tensor([0, 1, 7, 300, 511, 64], device=device)
     qkv = torch.randn(6, (6 + 2 * 2) * head_size).to(dtype).to(device)
@@ -91,7 +91,7 @@ def test_rotary_embedding(dtype: torch.dtype, is_neox: bool, head_size: int, rot
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("d", [64, 1500])  # 1500: two column blocks, the second partial
 def test_silu_and_mul(dtype: torch.dtype, d: int, device: str) -> None:
-    op = TritonSiluAndMul(dispatch_key="cuda")
+    op = SiluAndMul(dispatch_key="cuda")
     x = torch.randn(2, 3, 2 * d).to(dtype).to(device) * 3
     before = x.clone()
     close(op(x), op.forward_native(x))
@@ -99,17 +99,18 @@ def test_silu_and_mul(dtype: torch.dtype, d: int, device: str) -> None:
 
 
 def test_other_dispatch_keys_keep_the_reference() -> None:
-    op = TritonSiluAndMul(dispatch_key="cpu")
-    x = torch.randn(4, 8)
-    assert torch.equal(op(x), op.forward_native(x))
+    for key in ("native", "xpu"):  # the CPU runs C++ (test_cpu_ops.py), CUDA Triton
+        op = SiluAndMul(dispatch_key=key)
+        x = torch.randn(4, 8)
+        assert torch.equal(op(x), op.forward_native(x))
 
 
 def test_without_triton_a_cuda_op_is_refused_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.kernels import _triton
 
     monkeypatch.setattr(_triton.importlib.util, "find_spec", lambda name, *a: None)
-    with pytest.raises(RuntimeError, match=r"rms_norm replacement runs Triton kernels on CUDA, "
+    with pytest.raises(RuntimeError, match=r"rms_norm runs Triton kernels on CUDA, "
                        r"but triton is not installed: pip install 'engine-server\[cuda\]'.*"
                        r"--custom-ops=-rms_norm"):
-        TritonRMSNorm(64, dispatch_key="cuda")
-    TritonRMSNorm(64, dispatch_key="cpu")  # the CPU keeps the reference: nothing to check
+        RMSNorm(64, dispatch_key="cuda")
+    RMSNorm(64, dispatch_key="cpu")  # the CPU runs C++: nothing to check

@@ -22,26 +22,30 @@ def _op_lines(stdout: str) -> list[str]:
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "list"], test_plugins_dir)
     assert result.returncode == 0, result.stderr
-    # engine-kernels (installed with engine-server) registers all three, with no CPU path:
-    # on this CPU the built-ins are used, and the Triton ops are listed as candidates.
-    assert all("= built-in engine.core.model_executor.layers.builtin_ops:" in line
+    # engine-kernels (installed with engine-server) registers all three, with a CPU path
+    # (C++) each: on this CPU they are used, and the built-ins (references) are candidates.
+    assert all(" = engine.kernels.ops:" in line and "(engine-kernels 0.1.0)" in line
                and "[default: the only implementation with a cpu path]" in line
                for line in _op_lines(result.stdout))
-    assert result.stdout.count("(engine-kernels 0.1.0)  (priority 0; not eligible: it has no "
+    assert result.stdout.count("(engine-core 0.1.0)  (priority 0; not eligible: it has no "
                                "cpu path of its own") == 3
     forced = run_engine_cli(["plugins", "list", "--custom-ops", "all"], test_plugins_dir)
-    assert all("engine.kernels.ops:Triton" in line and "[--custom-ops: all]" in line
+    assert all("engine.kernels.ops:" in line and "[--custom-ops: all]" in line
                for line in _op_lines(forced.stdout))
-    none = run_engine_cli(["plugins", "list"], test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
+    none = run_engine_cli(["plugins", "list", "--custom-ops", "none"], test_plugins_dir)
     assert all("built-in engine.core.model_executor.layers.builtin_ops:" in line
-               and "[no replacement is installed]" in line for line in _op_lines(none.stdout))
+               and "[--custom-ops: none]" in line for line in _op_lines(none.stdout))
+    # The allowlist governs third parties: engine-kernels' ops stay under ENGINE_PLUGINS=none.
+    kept = run_engine_cli(["plugins", "list"], test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
+    assert _op_lines(kept.stdout) == _op_lines(result.stdout)
 
 
 def test_bad_custom_ops_items_fail_listing_the_ops(test_plugins_dir: Path) -> None:
-    result = run_engine_cli(["plugins", "list", "--json", "--custom-ops", "+rms_norm"],
-                            test_plugins_dir, env={"ENGINE_PLUGINS": "none"})
+    result = run_engine_cli(["plugins", "list", "--json", "--custom-ops", "+rms_norm=acme"],
+                            test_plugins_dir)
     assert result.returncode == 2
-    assert "no allowed engine.custom_ops entry replaces 'rms_norm'" in result.stderr
+    assert ("no allowed distribution 'acme' provides 'rms_norm'; its implementations come "
+            "from engine-core, engine-kernels") in result.stderr
     result = run_engine_cli(["plugins", "list", "--custom-ops=-rms"], test_plugins_dir)
     assert result.returncode == 2
     assert "ops: rms_norm, rotary_embedding, silu_and_mul" in result.stderr

@@ -49,8 +49,8 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["MAX_ARGS", "CallRecorder", "GraphFunction", "GraphValue", "Pointer", "encode",
-           "is_recording", "recording"]
+__all__ = ["MAX_ARGS", "CallRecorder", "GraphFunction", "GraphValue", "Pointer",
+           "RecordingRefused", "encode", "is_recording", "recording"]
 
 MAX_ARGS = 24
 """The most arguments a graph function takes.
@@ -80,6 +80,18 @@ GraphValue = Pointer | int | float
 
 .. versionadded:: 1.1
 """
+
+
+class RecordingRefused(Exception):
+    """The pass being recorded cannot be a graph; the message says what in it stopped it.
+
+    A recorder raises it for a call it cannot keep; a component's own code raises it when
+    it is reached while recording (:func:`is_recording`) on a path that has no
+    :class:`GraphFunction` (a kernel it can only call through ``ctypes``, say). The engine
+    then runs the model eagerly, logging the message with the component's plugin named.
+
+    .. versionadded:: 1.1
+    """
 
 
 class CallRecorder(Protocol):

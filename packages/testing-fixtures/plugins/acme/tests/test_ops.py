@@ -47,7 +47,7 @@ def ops_in_use(llm: Any) -> dict[str, list[str]]:
     (["+rms_norm=acme-engine-plugins"], OURS),
     (["-rms_norm"], BUILT_IN),
     (["+rms_norm=engine-core"], BUILT_IN),
-    (["+rms_norm=engine-kernels"], "engine.kernels.ops:TritonRMSNorm"),  # its CPU reference
+    (["+rms_norm=engine-kernels"], "engine.kernels.ops:RMSNorm"),  # its C++ path
 ])
 def test_the_operator_chooses_and_tokens_do_not_change(
     tiny_qwen3: Path, make_llm: Callable[..., Any], spy: Callable[..., Any],

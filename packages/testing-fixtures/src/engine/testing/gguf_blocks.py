@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as QT
 
-from engine.core.quantization.gguf_formats import FORMATS
+from engine.kernels.gguf.formats import FORMATS
 from engine.sdk.linear_kernel import LinearKernelConfig
 
 GEN = np.random.default_rng(0)

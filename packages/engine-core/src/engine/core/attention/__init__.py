@@ -1,6 +1,10 @@
-"""Built-in attention backends (entries of ``engine.attention_backends`` in engine-core)."""
+"""engine-core's attention backend: ``torch`` (an entry of ``engine.attention_backends``).
 
-from engine.core.attention.cpu_backend import CpuAttentionBackend
+SDPA over the requests' gathered blocks, on any device torch runs on: the reference and
+the fallback where no faster backend (engine-kernels' ``cpu`` and ``triton``, a plugin's)
+is installed or can serve the model.
+"""
+
 from engine.core.attention.torch_backend import TorchAttentionBackend
 
-__all__ = ["CpuAttentionBackend", "TorchAttentionBackend"]
+__all__ = ["TorchAttentionBackend"]

@@ -32,8 +32,7 @@ from engine.core.kernel_choice.buckets import bucket_triples, row_buckets
 from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.row_dispatch import RowDispatchKernel
 from engine.core.kernel_choice.timing import time_kernels
-from engine.core.machine import cpu_flags, cpu_model
-from engine.core.native.build import target_arch
+from engine.core.machine import cpu_flags, cpu_model, target_arch
 from engine.sdk.errors import UnsupportedError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.platform import PlatformInfo

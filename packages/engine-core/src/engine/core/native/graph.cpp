@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <cstring>
 
-#include "graph_call.h"
+#include "engine_graph_call.h"
 
 namespace {
 

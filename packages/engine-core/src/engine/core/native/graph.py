@@ -47,7 +47,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from engine.core.native.runtime import GRAPH_OP_WIDTH, GraphRuntime
 from engine.sdk import graph_calls
-from engine.sdk.graph_calls import GraphFunction, GraphValue, Pointer
+from engine.sdk.graph_calls import GraphFunction, GraphValue, Pointer, RecordingRefused
 
 aten = torch.ops.aten
 
@@ -61,8 +61,9 @@ _ALLOCATIONS = {aten.empty, aten.empty_like, aten.new_empty, aten.empty_strided}
 ALIGN = 64
 
 
-class NotCapturable(Exception):
-    """The forward pass cannot be recorded; the message says what in it stopped it."""
+#: The forward pass cannot be recorded; the message says what in it stopped it. The SDK's
+#: exception, so a kernel's own code refuses a recording the way the recorder does.
+NotCapturable = RecordingRefused
 
 
 @dataclass(frozen=True)

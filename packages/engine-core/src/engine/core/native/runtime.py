@@ -1,11 +1,11 @@
 """The CPU step graph's runtime: its interpreter and the two calls a graph makes of its own.
 
-``graph.cpp`` is built as a library of its own (``build.build_library``), apart from the
-engine's CPU kernels: the interpreter calls function addresses (``engine.sdk.graph_calls``)
-and names no kernel, so a graph records any kernel's calls, the engine's or a plugin's, and
+``graph.cpp`` is built on first use by the SDK's ``engine.sdk.native``, as any kernel's
+native code is: the interpreter calls function addresses (``engine.sdk.graph_calls``) and
+names no kernel, so a graph records any kernel's calls, engine-kernels' or a plugin's, and
 the runtime needs none of them. Its own calls are the row copies (``copy_rows``: a
 ``clone``, ``copy_`` or copying ``reshape`` in the pass) and the embedding's row gather
-(``gather_rows``), each run eagerly or recorded like any graph function.
+(``gather_rows``), graph functions themselves: run eagerly, or recorded.
 """
 
 from __future__ import annotations
@@ -16,25 +16,24 @@ from pathlib import Path
 
 import torch
 
-from engine.core.native import build
-from engine.core.native.build import NativeKernelsUnavailable, call_status, check_rows, invoke
 from engine.sdk.graph_calls import MAX_ARGS, GraphFunction
+from engine.sdk.native import NativeBuildError, load_library
 
-SOURCES = {Path(__file__).with_name("graph.cpp"): ()}
-HEADERS = (Path(__file__).with_name("graph_call.h"),)
+SOURCES = (Path(__file__).with_name("graph.cpp"),)
 #: Arguments of a step graph's op (``kMaxArgs`` in graph.cpp, ``MAX_ARGS`` of the SDK's
 #: graph functions), and its int64s in all: the function, the mask of arguments that are
 #: the token count, the number of arguments, the arguments.
 GRAPH_MAX_ARGS = MAX_ARGS
 GRAPH_OP_WIDTH = 3 + GRAPH_MAX_ARGS
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+#: gather_rows' status for an id outside the table (graph.cpp).
+OUT_OF_TABLE = 2
 
 
 @functools.cache
 def load_runtime() -> GraphRuntime:
-    """The runtime, built on first use; raises ``NativeKernelsUnavailable``."""
-    return build.load_library("engine_graph_runtime", SOURCES, HEADERS,
-                              build.find_compiler(), GraphRuntime)
+    """The runtime, built on first use; raises ``NativeBuildError``."""
+    return GraphRuntime(load_library("engine_graph_runtime", SOURCES))
 
 
 @functools.cache
@@ -42,7 +41,7 @@ def graph_runtime() -> GraphRuntime | None:
     """The runtime, or None where it cannot be built here (``load_runtime()`` says why)."""
     try:
         return load_runtime()
-    except NativeKernelsUnavailable:
+    except NativeBuildError:
         return None
 
 
@@ -50,12 +49,6 @@ class GraphRuntime:
     """Typed calls into the built runtime."""
 
     def __init__(self, lib: ctypes.CDLL) -> None:
-        self._copy_rows = lib.engine_copy_rows
-        self._copy_rows.restype = _I32
-        self._copy_rows.argtypes = [_P, _I64, _P, _I64, _I64, _I64]
-        self._gather_rows = lib.engine_gather_rows
-        self._gather_rows.restype = _I32
-        self._gather_rows.argtypes = [_P, _I64, _I64, _P, _I64, _P, _I64, _I64]
         self._graph_run = lib.engine_graph_run
         self._graph_run.restype = _I64
         self._graph_run.argtypes = [_P, _I64, _I64, _I32]
@@ -71,9 +64,9 @@ class GraphRuntime:
                              f"contiguous rows, got {tuple(src.shape)} {src.dtype} and "
                              f"{tuple(out.shape)} {out.dtype}")
         size = src.element_size()
-        call_status("copy_rows", invoke(
-            "copy_rows", self._copy_rows, self._copy_call, src.data_ptr(), src.stride(0) * size,
-            out.data_ptr(), out.stride(0) * size, src.shape[0], src[0].numel() * size))
+        _check_status("copy_rows", self._copy_call(
+            src, src.stride(0) * size, out, out.stride(0) * size, src.shape[0],
+            src[0].numel() * size))
 
     def gather_rows(self, table: torch.Tensor, ids: torch.Tensor, out: torch.Tensor) -> None:
         """``out[t]`` = ``table[ids[t]]``: an embedding lookup.
@@ -84,18 +77,22 @@ class GraphRuntime:
         ``out``: ``[T, D]`` of the table's dtype with contiguous rows.
         """
         rows, width = out.shape
-        check_rows("gather_rows", table.dtype, width, table)
-        check_rows("gather_rows", table.dtype, width, out)
+        if (table.dim() != 2 or table.shape[1] != width or table.dtype != out.dtype
+                or table.stride(1) != 1 or out.stride(1) != 1 or not table.is_cpu
+                or not out.is_cpu):
+            raise ValueError(f"gather_rows: expected a [V, {width}] table and a [{rows}, "
+                             f"{width}] output, CPU tensors of one dtype with contiguous rows, "
+                             f"got {tuple(table.shape)} {table.dtype} and {tuple(out.shape)} "
+                             f"{out.dtype}")
         if ids.dtype != torch.int64 or ids.shape != (rows,) or not ids.is_contiguous():
             raise ValueError(f"gather_rows: expected contiguous int64 ids [{rows}], got "
                              f"{tuple(ids.shape)} {ids.dtype}")
         size = table.element_size()
-        status = invoke("gather_rows", self._gather_rows, self._gather_call, table.data_ptr(),
-                        table.stride(0) * size, table.shape[0], ids.data_ptr(), rows,
-                        out.data_ptr(), out.stride(0) * size, width * size)
-        if status == 2:
+        status = self._gather_call(table, table.stride(0) * size, table.shape[0], ids, rows,
+                                   out, out.stride(0) * size, width * size)
+        if status == OUT_OF_TABLE:
             raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
-        call_status("gather_rows", status)
+        _check_status("gather_rows", status)
 
     def run_graph(self, ops: torch.Tensor, rows: int) -> int:
         """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.
@@ -106,6 +103,11 @@ class GraphRuntime:
         """
         return int(self._graph_run(ops.data_ptr(), ops.shape[0], rows,
                                    torch.get_num_threads()))
+
+
+def _check_status(call: str, status: int) -> None:
+    if status:  # the library and this wrapper disagree: a stale or foreign build
+        raise RuntimeError(f"{call}: the graph runtime refused its arguments (status {status})")
 
 
 __all__ = ["GRAPH_MAX_ARGS", "GRAPH_OP_WIDTH", "GraphRuntime", "graph_runtime", "load_runtime"]

@@ -15,6 +15,8 @@ from engine.sdk.support import Support
 
 logger = logging.getLogger(__name__)
 
+#: The attention backend the CPU platform prefers (engine-kernels'), by its entry name.
+PREFERRED_BACKEND = "cpu"
 #: The CPU platform's token budget where the operator gives none (``--max-num-batched-tokens``).
 CPU_TOKEN_BUDGET = 512
 
@@ -71,12 +73,22 @@ class CpuPlatform(Platform):
 
     @classmethod
     def default_attention_backend(cls, spec: AttentionSpec) -> str:
-        """``cpu`` (C++ paged kernels) where it can serve ``spec``, else ``torch``."""
-        from engine.core.attention.cpu_backend import CpuAttentionBackend
+        """``cpu`` (engine-kernels' C++ paged kernels) where it can serve ``spec``, else ``torch``.
 
-        support = CpuAttentionBackend.supports(spec)
+        ``cpu`` is looked up by name in the plugin catalog, as ``--attention-backend cpu``
+        would be; not installed, not allowed, failing to import or refusing ``spec``, the
+        reason is logged once and engine-core's ``torch`` backend serves.
+        """
+        from engine.core.plugins import get_catalog
+        from engine.sdk.errors import PluginError
+        from engine.sdk.groups import ATTENTION_BACKENDS
+
+        try:
+            support = get_catalog().load(ATTENTION_BACKENDS, PREFERRED_BACKEND).supports(spec)
+        except PluginError as exc:
+            support = Support.no(str(exc))
         if support:
-            return "cpu"
+            return PREFERRED_BACKEND
         _warn_fallback(support.reason)
         return "torch"
 

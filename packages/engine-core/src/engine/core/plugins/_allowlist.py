@@ -89,6 +89,8 @@ class Allowlist:
         """Whether ``entry`` is allowed under this allowlist."""
         if entry.is_builtin:
             return Decision(True, "built-in")
+        if entry.is_first_party:  # engine-kernels: the engine's own kernels, not an add-on
+            return Decision(True, "the engine's own kernels")
         spec = GROUPS.get(entry.group)
         named = entry.distribution in self.items or f"{entry.group}:{entry.name}" in self.items
         if self.mode == "none":

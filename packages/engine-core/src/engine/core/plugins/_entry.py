@@ -11,9 +11,11 @@ BUILTIN_DISTRIBUTIONS = frozenset({"engine-core", "engine-server"})
 
 #: The engine's own distributions, engine-kernels included: where one of their entries and a
 #: third party's share a name, the third party's takes precedence (it "shadows" the engine's,
-#: as an out-of-tree model overrides an in-tree one in vLLM). engine-kernels is a plugin
-#: package like any other for the allowlist; only this precedence rule treats it as the
-#: engine's own.
+#: as an out-of-tree model overrides an in-tree one in vLLM). engine-kernels reaches the
+#: engine only through its entry points, like a plugin; it holds the engine's default
+#: kernels (the CPU's C++, the GPU's Triton), so the allowlist (``ENGINE_PLUGINS``, which
+#: governs what third parties add) always allows it: ``--attention-backend``,
+#: ``--linear-kernel``, ``--disabled-kernels`` and ``--custom-ops`` choose among kernels.
 FIRST_PARTY_DISTRIBUTIONS = BUILTIN_DISTRIBUTIONS | {"engine-kernels"}
 
 

@@ -9,7 +9,7 @@ before anything reads a weight::
                      else none (a GGUF file: see GGUF_PACKED_BY_DEFAULT)
     2. the settings: config.json quantization_config, else the first file of the
                      method's config_filenames() found, else {}; for a GGUF file the
-                     settings describe its tensors (engine.core.quantization.gguf_method)
+                     settings describe its tensors (engine.kernels.gguf.method)
     3. check_quantization_support(cls, platform, dtype)  -> UnsupportedError with reasons
     4. cls.from_config(settings)                          -> ValidationError naming the key
 

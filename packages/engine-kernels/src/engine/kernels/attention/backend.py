@@ -29,6 +29,7 @@ import torch
 
 from engine.kernels._triton import device_problem
 from engine.kernels.attention.batch import PagedBatch
+from engine.kernels.attention_spec import decoder_support
 from engine.sdk.attention import (
     AttentionBackend,
     AttentionImpl,
@@ -97,13 +98,9 @@ class TritonAttentionBackend(AttentionBackend):
 
     @classmethod
     def supports(cls, spec: AttentionSpec) -> Support:
-        if spec.dtype not in DTYPES:
-            return Support.no(f"dtype {spec.dtype} not supported; supported: {', '.join(DTYPES)}")
-        if spec.kv_cache_dtype != spec.dtype:
-            return Support.no(f"kv_cache_dtype must equal dtype ({spec.dtype}), got "
-                              f"{spec.kv_cache_dtype} (no quantized KV cache yet)")
-        if not spec.is_causal:
-            return Support.no("only causal (decoder) attention is supported")
+        answer = decoder_support(spec, DTYPES)
+        if not answer:
+            return answer
         if spec.head_size > MAX_HEAD_SIZE:
             return Support.no(f"head size {spec.head_size} not supported; supported: up to "
                               f"{MAX_HEAD_SIZE}")

@@ -1,5 +1,5 @@
-"""Custom-op replacements with Triton CUDA paths (``engine.custom_ops``)."""
+"""engine-kernels' custom ops (``engine.custom_ops``): C++ CPU paths and Triton CUDA paths."""
 
-from engine.kernels.ops.replacements import TritonRMSNorm, TritonRotaryEmbedding, TritonSiluAndMul
+from engine.kernels.ops.replacements import RMSNorm, RotaryEmbedding, SiluAndMul
 
-__all__ = ["TritonRMSNorm", "TritonRotaryEmbedding", "TritonSiluAndMul"]
+__all__ = ["RMSNorm", "RotaryEmbedding", "SiluAndMul"]

@@ -1,15 +1,18 @@
-"""Custom-op replacements (``engine.custom_ops``): the SDK's ops with Triton CUDA paths.
+"""engine-kernels' custom ops (``engine.custom_ops``): C++ on the CPU, Triton on CUDA.
 
-Each subclasses its SDK contract and overrides only ``forward_cuda``; every other dispatch
-key (the CPU, out-of-tree devices, ``native``) keeps the reference. Built with the
-``cuda`` key (the CUDA platform's device type), an op checks that triton is installed,
-so a CUDA install without it stops while the model is built, saying what to install or
-which ``--custom-ops`` item turns the op off, rather than failing in the first forward.
+One class per op, as a device-specific op is in vLLM: each subclasses its CPU class
+(``engine.kernels.cpu.ops``: the SDK contract with ``forward_cpu`` in C++) and adds
+``forward_cuda``, a Triton kernel; every other dispatch key (out-of-tree devices,
+``native``) keeps the contract's reference. Built with the ``cuda`` key (the CUDA
+platform's device type), an op checks that triton is installed, so a CUDA install without
+it stops while the model is built, saying what to install or which ``--custom-ops`` item
+turns the op off, rather than failing in the first forward.
 
-The kernels (``op_kernels``) are imported on first use: this module imports no triton.
+The Triton kernels (``op_kernels``) are imported on first use: this module imports no
+triton.
 
-Each declares that CUDA graphs may capture its Triton path (``capture_support``,
-``engine.sdk.capture``); its reference paths declare nothing.
+Each declares what a graph may record (``capture_support``, ``engine.sdk.capture``): CUDA
+graphs its Triton path, the CPU step graph its C++ path.
 """
 
 from __future__ import annotations
@@ -19,29 +22,30 @@ from typing import ClassVar
 import torch
 
 from engine.kernels._triton import INSTALL_HINT, triton_installed
+from engine.kernels.cpu.ops import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from engine.sdk.capture import CaptureContext, GraphKind
-from engine.sdk.ops import NATIVE, CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.support import Support
 
 
 def _require_triton(name: str, dispatch_key: str) -> None:
     if dispatch_key == "cuda" and not triton_installed():
         raise RuntimeError(
-            f"engine-kernels' {name} replacement runs Triton kernels on CUDA, but triton is "
+            f"engine-kernels' {name} runs Triton kernels on CUDA, but triton is "
             f"not installed: {INSTALL_HINT}; or build the model with the reference op "
             f"(--custom-ops=-{name})")
 
 
-def _capture_support(op: CustomOp, ctx: CaptureContext) -> Support:
+def _cuda_capture_support(op: CustomOp, ctx: CaptureContext) -> Support:
     """CUDA graphs, where the op runs its Triton kernel (launches only, no host sync)."""
-    if ctx.kind is GraphKind.CUDA_GRAPHS and op.dispatch_key == "cuda":
+    if op.dispatch_key == "cuda":
         return Support.yes()
-    return Support.no(f"it runs {op.method_for(op.dispatch_key)}, a torch reference; only its "
-                      f"Triton path on CUDA declares graph capture")
+    return Support.no(f"it runs {op.method_for(op.dispatch_key)}, not its Triton path (only "
+                      f"that declares CUDA graph capture)")
 
 
-class TritonRMSNorm(RMSNormOp):
-    """``rms_norm`` with one Triton kernel per call (the residual add fused, in place)."""
+class RMSNorm(CpuRMSNorm):
+    """``rms_norm``: on CUDA one Triton kernel per call (the residual add fused, in place)."""
 
     name: ClassVar[str] = "rms_norm"
 
@@ -58,11 +62,13 @@ class TritonRMSNorm(RMSNormOp):
         return y if residual is None else (y, residual)
 
     def capture_support(self, ctx: CaptureContext) -> Support:
-        return _capture_support(self, ctx)
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return _cuda_capture_support(self, ctx)
+        return super().capture_support(ctx)
 
 
-class TritonRotaryEmbedding(RotaryEmbeddingOp):
-    """``rotary_embedding`` rotating queries and keys in place, one program per token."""
+class RotaryEmbedding(CpuRotaryEmbedding):
+    """``rotary_embedding``: on CUDA rotating queries and keys in place, a program per token."""
 
     name: ClassVar[str] = "rotary_embedding"
 
@@ -82,11 +88,13 @@ class TritonRotaryEmbedding(RotaryEmbeddingOp):
         return query, key
 
     def capture_support(self, ctx: CaptureContext) -> Support:
-        return _capture_support(self, ctx)
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return _cuda_capture_support(self, ctx)
+        return super().capture_support(ctx)
 
 
-class TritonSiluAndMul(SiluAndMulOp):
-    """``silu_and_mul`` in one Triton kernel (no intermediate ``silu`` tensor)."""
+class SiluAndMul(CpuSiluAndMul):
+    """``silu_and_mul``: on CUDA one Triton kernel (no intermediate ``silu`` tensor)."""
 
     name: ClassVar[str] = "silu_and_mul"
 
@@ -100,4 +108,9 @@ class TritonSiluAndMul(SiluAndMulOp):
         return silu_and_mul(x)
 
     def capture_support(self, ctx: CaptureContext) -> Support:
-        return _capture_support(self, ctx)
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return _cuda_capture_support(self, ctx)
+        return super().capture_support(ctx)
+
+
+__all__ = ["RMSNorm", "RotaryEmbedding", "SiluAndMul"]

@@ -36,7 +36,7 @@ FILLS: dict[str, int] = {"fill": 0}
 @functools.cache
 def engine_cpu_backend() -> type[AttentionBackend] | None:
     for entry in entry_points(group=ATTENTION_BACKENDS, name="cpu"):
-        if entry.dist is not None and entry.dist.name in ("engine-core", "engine-kernels"):
+        if entry.dist is not None and entry.dist.name == "engine-kernels":
             backend: type[AttentionBackend] = entry.load()
             return backend
     return None

@@ -1,7 +1,8 @@
 """``test_capture_native``: a linear kernel whose product is its own C code, recorded.
 
-``matmul.c`` (beside this file) is compiled on first use with the system C compiler into
-a temporary directory and called through an ``engine.sdk.graph_calls.GraphFunction``:
+``matmul.c`` (beside this file) is compiled on first use by the SDK's builder
+(``engine.sdk.native.load_library``: cached by source and CPU, as the engine's own
+kernels are) and called through an ``engine.sdk.graph_calls.GraphFunction``:
 eagerly it runs; while the engine records the CPU step graph, the call is recorded with
 its pointers and replayed in C with the engine's own kernels. ``apply`` makes only views,
 an allocation and (for rows that are not contiguous) a copy around it, so the kernel
@@ -10,13 +11,7 @@ answers yes to the CPU step graph. ``CALLS`` counts its eager calls in this proc
 
 from __future__ import annotations
 
-import ctypes
 import functools
-import hashlib
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 from typing import ClassVar
 
@@ -25,34 +20,18 @@ import torch
 from engine.sdk import CaptureContext, LinearKernel, LinearKernelConfig, PlatformInfo, Support
 from engine.sdk.capture import GraphKind, not_declared
 from engine.sdk.graph_calls import GraphFunction
+from engine.sdk.native import NativeBuildError, load_library
 
 SOURCE = Path(__file__).with_name("matmul.c")
 #: Eager calls of the product in this process (a replay makes none).
 CALLS: dict[str, int] = {"apply": 0}
 
 
-class BuildError(RuntimeError):
-    """No C compiler here, or the build failed; the message says which."""
-
-
 @functools.cache
 def matmul() -> GraphFunction:
-    """The compiled product; raises ``BuildError``."""
-    compiler = next((shutil.which(c) for c in ("cc", "gcc", "clang") if shutil.which(c)), None)
-    if compiler is None:
-        raise BuildError("no C compiler (cc, gcc or clang) on PATH")
-    source = SOURCE.read_bytes()
-    target = (Path(tempfile.gettempdir())
-              / f"engine-test-plugin-capture-{hashlib.sha256(source).hexdigest()[:12]}.so")
-    if not target.exists():
-        built = target.with_name(f"{target.name}.{os.getpid()}.tmp")
-        result = subprocess.run([compiler, "-O2", "-fPIC", "-shared", str(SOURCE), "-o",
-                                 str(built)], capture_output=True, text=True)
-        if result.returncode != 0:
-            raise BuildError(f"building {SOURCE.name} failed: {result.stderr.strip()}")
-        built.replace(target)
-    return GraphFunction.from_library(ctypes.CDLL(str(target)), "test_capture_matmul",
-                                      "test_capture.matmul")
+    """The compiled product; raises ``NativeBuildError``."""
+    return GraphFunction.from_library(load_library("engine_test_plugin_capture", [SOURCE]),
+                                      "test_capture_matmul", "test_capture.matmul")
 
 
 class NativeMatmulKernel(LinearKernel):
@@ -67,7 +46,7 @@ class NativeMatmulKernel(LinearKernel):
             return Support.no(f"runs on the CPU, not {platform.device_type}")
         try:
             matmul()
-        except BuildError as exc:
+        except NativeBuildError as exc:
             return Support.no(str(exc))
         return Support.yes()
 

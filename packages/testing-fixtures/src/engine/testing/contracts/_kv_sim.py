@@ -109,7 +109,7 @@ def kv_cache_shape(config: KVSimConfig) -> tuple[int, ...]:
     Raises:
         RuntimeError: the backend's layout is not the one the simulator indexes.
     """
-    from engine.core.attention import CpuAttentionBackend
+    from engine.kernels.cpu.attention import CpuAttentionBackend
 
     num_blocks = config.num_kv_blocks + 1
     shape = tuple(CpuAttentionBackend.get_kv_cache_shape(

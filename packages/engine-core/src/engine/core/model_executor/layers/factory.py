@@ -46,15 +46,15 @@ from engine.sdk.quantization import LayerInfo, QuantizationConfig
 
 
 def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
-    """The reference kernels, for hand-built factories (e.g. in tests).
+    """engine-core's reference kernels, for hand-built factories (e.g. in tests).
 
-    ``F.linear`` for unquantized layers, and the torch kernels of the built-in quantization
-    schemes (``gguf_dequant``, ``int8_reference``).
+    ``F.linear`` for unquantized layers and ``int8_reference`` for int8 weights; a factory
+    for another scheme (engine-kernels' GGUF, a plugin's) is given a selector over its
+    kernels.
     """
-    from engine.core.quantization.gguf_kernels import GGUFDequantKernel
     from engine.core.quantization.int8_kernels import Int8ReferenceKernel
 
-    kernels = [TorchLinearKernel, GGUFDequantKernel, Int8ReferenceKernel]
+    kernels = [TorchLinearKernel, Int8ReferenceKernel]
     return select_linear_kernel(kernels, PlatformInfo("cpu", "cpu"), config)
 
 

@@ -16,10 +16,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.core.native import native_kernels
-from engine.core.quantization import gguf_formats, gguf_kernels
-from engine.core.quantization.gguf_formats import FORMATS
-from engine.core.quantization.gguf_kernels import (
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.gguf import formats as gguf_formats
+from engine.kernels.gguf import kernels as gguf_kernels
+from engine.kernels.gguf.formats import FORMATS
+from engine.kernels.gguf.kernels import (
     GGUFDequantKernel,
     GGUFInt4Kernel,
     int4pack_block,

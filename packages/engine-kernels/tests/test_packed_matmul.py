@@ -9,12 +9,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from engine.core import machine
-from engine.core.model_executor.linear_kernels import CpuLinearKernel
-from engine.core.native import native_kernels
-from engine.core.native.build import target_arch
-from engine.core.native.library import SMALL_MATMUL_ROWS, packed_matmul_size
+from engine.kernels.cpu.linear import CpuLinearKernel
+from engine.kernels.cpu.native import native_kernels
+from engine.kernels.cpu.native.library import SMALL_MATMUL_ROWS, packed_matmul_size
+from engine.sdk import native as machine
 from engine.sdk.linear_kernel import LinearKernelConfig
+from engine.sdk.native import target_arch
 
 NATIVE = native_kernels()
 BUILT = frozenset() if NATIVE is None else NATIVE.packed_matmul_dtypes

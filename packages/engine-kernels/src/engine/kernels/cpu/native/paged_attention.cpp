@@ -1,6 +1,6 @@
 // Paged attention and KV-cache writes for the CPU, read straight from the block table.
 //
-// Built on first use by engine.core.native.library (the system C++ compiler,
+// Built on first use by engine.kernels.cpu.native.library (the system C++ compiler,
 // -O3 -march=native -fopenmp) and called through ctypes; the OpenMP runtime is the one
 // torch already loaded (same soname), so the kernel uses torch's threads.
 //
@@ -20,7 +20,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "graph_call.h"
+#include "engine_graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
 #include "simd.h"

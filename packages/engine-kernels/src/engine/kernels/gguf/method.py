@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from engine.core.quantization.gguf_formats import FORMATS, GGUFFormat
+from engine.kernels.gguf.formats import FORMATS, GGUFFormat
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.errors import UnsupportedError, ValidationError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig

@@ -30,13 +30,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.core.native.library import (
+from engine.kernels.cpu.native.library import (
     DTYPE_CODES,
     SMALL_MATMUL_ROWS,
     NativeKernels,
     native_kernels,
 )
-from engine.core.quantization.gguf_formats import (
+from engine.kernels.gguf.formats import (
     FORMATS,
     GGUFFormat,
     _f16,
@@ -44,7 +44,7 @@ from engine.core.quantization.gguf_formats import (
     _k_nibbles,
     _nibbles,
 )
-from engine.core.quantization.scratch import scratch
+from engine.kernels.gguf.scratch import scratch
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.platform import PlatformInfo

@@ -7,7 +7,7 @@
 // (library.py), so divisions are exact and products round as torch's do: rotation and
 // SiLU-and-mul give torch's results bit for bit in practice; RMSNorm differs only in the
 // order of its float32 mean-square sum. Rows are views: a row stride and a contiguous
-// last axis. Called through ctypes by engine.core.native.library, on torch's OpenMP
+// last axis. Called through ctypes by engine.kernels.cpu.native.library, on torch's OpenMP
 // runtime and thread count; calls smaller than kParallelElements run on the calling thread.
 
 #include <algorithm>
@@ -16,7 +16,7 @@
 #include <cstring>
 #include <vector>
 
-#include "graph_call.h"
+#include "engine_graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
 

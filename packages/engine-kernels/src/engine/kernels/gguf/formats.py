@@ -77,7 +77,7 @@ def _fill_nibbles(qs: torch.Tensor, out: torch.Tensor) -> None:
     the row stride allows), then converted in one contiguous copy: the strided byte
     operations were the cost.
     """
-    from engine.core.quantization.scratch import scratch
+    from engine.kernels.gguf.scratch import scratch
 
     half = qs.shape[-1]
     values = scratch(out.numel(), torch.uint8, out.device).view(out.shape)
@@ -196,7 +196,7 @@ def dequantize_q6_k(b: torch.Tensor) -> torch.Tensor:
 
 def _native_dequant(qtype: int, blocks: torch.Tensor, out: torch.Tensor) -> bool:
     """Dequantize through the C++ kernels where they take these blocks; False otherwise."""
-    from engine.core.native.library import DTYPE_CODES, GGUF_DEQUANT_TYPES, native_kernels
+    from engine.kernels.cpu.native.library import DTYPE_CODES, GGUF_DEQUANT_TYPES, native_kernels
 
     if (qtype not in GGUF_DEQUANT_TYPES or out.dtype not in DTYPE_CODES or not out.is_cpu
             or not blocks.is_contiguous() or not out.is_contiguous()):
@@ -252,7 +252,7 @@ class GGUFFormat:
         elif out.dtype == torch.float32:
             self.fill(blocks, target)
         else:
-            from engine.core.quantization.scratch import scratch
+            from engine.kernels.gguf.scratch import scratch
 
             values = scratch(target.numel(), torch.float32, out.device).view(target.shape)
             self.fill(blocks, values)

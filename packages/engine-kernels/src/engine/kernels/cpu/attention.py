@@ -1,7 +1,7 @@
 """``cpu``: paged attention in C++ that reads the block table directly; the CPU default.
 
 Every query row of the step (decodes and prefill chunks alike) goes to the native kernel
-(``engine/core/native/paged_attention.cpp``): one work item per query row and KV head,
+(``engine/kernels/cpu/native/paged_attention.cpp``): one work item per query row and KV head,
 keys and values read in place from their blocks, float32 softmax, OpenMP over torch's
 threads. Nothing is gathered, padded or masked, so a step costs what its cached context
 does. The new keys and values are written into their slots by the same library. Against
@@ -9,9 +9,13 @@ the ``torch`` backend's SDPA over gathered blocks, the 12 layers of the benchmar
 4-9x faster per decode step of 64 requests, 1.3-2.6x on prefill chunks up to 1024 tokens
 (``benchmarks/attention_cpu.py``).
 
-The backend needs a C++ compiler at first use (the build is cached; see
-``engine.core.native.library``); without one ``supports`` says so and the platform falls back to
-``torch``. Select either explicitly with ``--attention-backend cpu|torch``.
+The backend is engine-kernels', an entry of ``engine.attention_backends`` like any
+plugin's. It needs a C++ compiler at first use (the build is cached; see
+``engine.kernels.cpu.native.library``); without one ``supports`` says so and the engine
+falls back to engine-core's ``torch`` backend. Select either explicitly with
+``--attention-backend cpu|torch``. Its KV cache has the ``torch`` backend's layout
+(``[2, blocks, kv_heads, block_size, head_size]``: heads before tokens, each head's block
+contiguous), so the two can be compared on one cache.
 """
 
 from __future__ import annotations
@@ -22,9 +26,8 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from engine.core import native
-from engine.core.attention.torch_backend import SUPPORTED_DTYPES as TORCH_DTYPES
-from engine.core.attention.torch_backend import TorchAttentionBackend
+from engine.kernels.attention_spec import decoder_support
+from engine.kernels.cpu import native
 from engine.sdk.attention import (
     AttentionBackend,
     AttentionImpl,
@@ -160,23 +163,19 @@ class CpuAttentionBackend(AttentionBackend):
     def get_kv_cache_shape(
         cls, num_blocks: int, block_size: int, num_kv_heads: int, head_size: int
     ) -> tuple[int, ...]:
-        return TorchAttentionBackend.get_kv_cache_shape(num_blocks, block_size, num_kv_heads,
-                                                        head_size)
+        return (2, num_blocks, num_kv_heads, block_size, head_size)
 
     @classmethod
     def supports(cls, spec: AttentionSpec) -> Support:
         if spec.platform is not None and spec.platform.device_type != "cpu":
             return Support.no(f"runs on the CPU only, not {spec.platform.device_type}")
-        if spec.dtype not in SUPPORTED_DTYPES:
-            extra = (" (the torch backend takes it: --attention-backend torch)"
-                     if spec.dtype in TORCH_DTYPES else "")
-            return Support.no(f"dtype {spec.dtype} not supported; supported: "
-                              f"{', '.join(SUPPORTED_DTYPES)}{extra}")
-        torch_support = TorchAttentionBackend.supports(spec)  # the same layout rules
-        if not torch_support:
-            return torch_support
+        hint = (" (the torch backend takes it: --attention-backend torch)"
+                if spec.dtype == "float16" else "")
+        answer = decoder_support(spec, SUPPORTED_DTYPES, hint)
+        if not answer:
+            return answer
         try:
             native.load()
-        except native.NativeKernelsUnavailable as exc:
+        except native.NativeBuildError as exc:
             return Support.no(f"the C++ kernels are unavailable: {exc}")
         return Support.yes()

@@ -1,18 +1,18 @@
 """Build, cache and load the engine's CPU kernels (the ``*.cpp`` files beside this one).
 
-``paged_attention.cpp`` (the ``cpu`` attention backend), ``elementwise.cpp`` (the
-built-in ops' CPU paths, ``engine.core.model_executor.layers.builtin_ops``),
-``small_matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp`` (the GGUF
-kernels' dequantization, ``engine.core.quantization``) are compiled
-on first use with the system C++ compiler for this machine (``build.build_library``; float
-flags per file, see ``SOURCES``); later processes load the built file in milliseconds.
-The step graph's interpreter is not here: it is its own library (``runtime.py``), which
-calls these kernels' step-graph entries (``engine_graph_<kernel>``) by address. The
+``paged_attention.cpp`` (the ``cpu`` attention backend), ``elementwise.cpp`` (the CPU
+custom ops, ``engine.kernels.cpu.ops``), ``small_matmul.cpp``, ``packed_matmul.cpp``,
+``amx_matmul.cpp`` and ``matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp``
+(the GGUF kernels' dequantization, ``engine.kernels.gguf``) are compiled on first use
+with the system C++ compiler for this machine by the SDK's ``engine.sdk.native``, as a
+plugin's native code is (float flags per file, see ``SOURCES``); later processes load the
+built file in milliseconds. The CPU step graph's interpreter is engine-core's: it calls
+these kernels' step-graph entries (``engine_graph_<kernel>``) by address. The
 library is called through ``ctypes`` with raw pointers, so it needs neither Python nor
 torch headers, and its OpenMP calls run on the runtime torch already loaded (same
 ``libgomp.so.1``), with torch's thread count.
 
-Without a compiler, or when the build fails, ``load()`` raises ``NativeKernelsUnavailable``
+Without a compiler, or when the build fails, ``load()`` raises ``NativeBuildError``
 with the reason; the ``cpu`` attention backend reports that reason from ``supports`` and
 the platform picks the pure-torch backend instead.
 """
@@ -26,15 +26,9 @@ from pathlib import Path
 
 import torch
 
-from engine.core.native.build import (
-    NativeKernelsUnavailable,
-    call_status,
-    check_rows,
-    find_compiler,
-    invoke,
-    load_library,
-)
+from engine.kernels.cpu.native.calls import call_status, check_rows, invoke
 from engine.sdk.graph_calls import GraphFunction
+from engine.sdk.native import NativeBuildError, load_library
 
 # Per source, the flags after COMPILE_FLAGS. The attention kernel may reorder float math
 # freely; the elementwise ops keep IEEE division and rounding (they reproduce torch's ops).
@@ -53,7 +47,7 @@ SOURCES = {
     Path(__file__).with_name("matmul.cpp"): (),
 }
 HEADERS = tuple(Path(__file__).with_name(name)
-                for name in ("graph_call.h", "kernels.h", "numerics.h", "q8_0.h", "simd.h"))
+                for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 #: The products' code for float32 activations with weights packed as bfloat16
 #: (``pack_matmul_weight(..., as_bfloat16=True)``; packed_matmul.cpp's kWidened).
@@ -64,7 +58,7 @@ GGUF_DEQUANT_TYPES = {2: 18, 3: 20, 8: 34}  # Q4_0, Q4_1, Q8_0
 SMALL_MATMUL_ROWS = 3
 #: Output columns per panel of ``NativeKernels.pack_matmul_weight`` (``kPanel``).
 PACKED_MATMUL_PANEL = 32
-#: The kernels with a step-graph entry (``engine_graph_<kernel>``, graph_call.h): their
+#: The kernels with a step-graph entry (``engine_graph_<kernel>``, engine_graph_call.h): their
 #: calls are recorded (engine.sdk.graph_calls); any other kernel's refuses the recording.
 GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "matmul", "write_kv",
                  "paged_attention")
@@ -73,9 +67,8 @@ _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_flo
 
 @functools.cache
 def load() -> NativeKernels:
-    """The kernels, built on first use; raises ``NativeKernelsUnavailable``."""
-    return load_library("engine_cpu_kernels", SOURCES, HEADERS, find_compiler(),
-                        NativeKernels)
+    """The kernels, built on first use; raises ``NativeBuildError``."""
+    return NativeKernels(load_library("engine_cpu_kernels", SOURCES, HEADERS))
 
 
 @functools.cache
@@ -83,7 +76,7 @@ def native_kernels() -> NativeKernels | None:
     """The kernels, or None where they cannot be built here (``load()`` says why)."""
     try:
         return load()
-    except NativeKernelsUnavailable:
+    except NativeBuildError:
         return None
 
 
@@ -545,5 +538,5 @@ def _blocks_contiguous(cache: torch.Tensor) -> bool:
 
 
 __all__ = ["DTYPE_CODES", "GGUF_DEQUANT_TYPES", "GRAPH_KERNELS", "SMALL_MATMUL_ROWS",
-           "NativeKernels", "NativeKernelsUnavailable", "find_compiler", "load",
+           "NativeBuildError", "NativeKernels", "load",
            "native_kernels", "packed_matmul_size"]

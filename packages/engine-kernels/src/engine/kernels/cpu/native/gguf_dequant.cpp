@@ -1,5 +1,5 @@
 // Dequantization of 4- and 8-bit weights into float32 or bfloat16, for the GGUF linear
-// kernels (engine.core.quantization.gguf_kernels), which multiply the result with oneDNN.
+// kernels (engine.kernels.gguf.kernels), which multiply the result with oneDNN.
 //
 // * engine_gguf_dequant: GGUF blocks (Q4_0, Q4_1, Q8_0; ggml's type codes) into row-major
 //   values. Block layouts as in gguf_formats.py: d (and m) float16, then the quants;

@@ -7,8 +7,9 @@ import math
 import pytest
 import torch
 
-from engine.core.attention import CpuAttentionBackend, TorchAttentionBackend
-from engine.core.native import library
+from engine.core.attention import TorchAttentionBackend
+from engine.kernels.cpu.attention import CpuAttentionBackend
+from engine.kernels.cpu.native import library
 from engine.sdk.attention import (
     AttentionContext,
     AttentionImplParams,
@@ -122,8 +123,9 @@ def test_cpu_backend_supports_reports_reasons() -> None:
 
 def test_without_a_compiler_the_platform_falls_back_to_torch(monkeypatch, caplog) -> None:
     from engine.core.platforms import CpuPlatform
+    from engine.sdk import native
 
-    monkeypatch.setattr(library, "find_compiler", lambda: None)
+    monkeypatch.setattr(native, "find_compiler", lambda: None)
     library.load.cache_clear()
     try:
         spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=8, dtype="float32",
@@ -145,7 +147,7 @@ def test_a_failed_build_reports_the_compiler_output(monkeypatch, tmp_path) -> No
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(tmp_path / "cache"))
     library.load.cache_clear()
     try:
-        with pytest.raises(library.NativeKernelsUnavailable, match="bad.cpp.*failed"):
+        with pytest.raises(library.NativeBuildError, match="bad.cpp.*failed"):
             library.load()
         assert not list((tmp_path / "cache").rglob("*.so"))  # nothing half-built left
     finally:
@@ -183,7 +185,7 @@ def test_an_unwritable_cache_directory_is_reported(monkeypatch, tmp_path) -> Non
     monkeypatch.setenv("ENGINE_CACHE_DIR", str(blocker / "engine"))
     library.load.cache_clear()
     try:
-        with pytest.raises(library.NativeKernelsUnavailable, match="set ENGINE_CACHE_DIR"):
+        with pytest.raises(library.NativeBuildError, match="set ENGINE_CACHE_DIR"):
             library.load()
     finally:
         library.load.cache_clear()

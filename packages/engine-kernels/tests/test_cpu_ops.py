@@ -1,6 +1,6 @@
-"""The built-in ops' CPU paths (``builtin_ops``, C++ kernels) against the SDK's references.
+"""The CPU ops (``engine.kernels.cpu.ops``, C++ kernels) against the SDK's references.
 
-Each op is built twice from the engine's built-in class: with the ``cpu`` dispatch key
+Each op is built twice from its class: with the ``cpu`` dispatch key
 (the kernels) and with ``native`` (the contract's reference), and run on clones of the
 same inputs. Rotation and bfloat16 SiLU-and-mul must match bit for bit, RMSNorm to the
 order of its float32 sum; the residual RMSNorm returns is ``x + residual`` exactly.
@@ -11,11 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.model_executor.layers import builtin_ops
-from engine.core.model_executor.layers.builtin_ops import RMSNorm, RotaryEmbedding, SiluAndMul
+from engine.kernels.cpu import ops
+from engine.kernels.cpu.ops import CpuRMSNorm as RMSNorm
+from engine.kernels.cpu.ops import CpuRotaryEmbedding as RotaryEmbedding
+from engine.kernels.cpu.ops import CpuSiluAndMul as SiluAndMul
 from engine.sdk.ops import RotaryEmbeddingOp
 
-pytestmark = pytest.mark.skipif(builtin_ops.native_kernels() is None,
+pytestmark = pytest.mark.skipif(ops.native_kernels() is None,
                                 reason="no C++ compiler: the CPU kernels cannot be built")
 
 DTYPES = [torch.float32, torch.bfloat16]
@@ -142,7 +144,7 @@ def test_calls_the_kernels_do_not_take_run_the_reference(monkeypatch) -> None:
     odd = torch.randn(3, 5)
     with pytest.raises(RuntimeError):  # the reference's own error for an odd width
         silu(odd)
-    monkeypatch.setattr(builtin_ops, "native_kernels", lambda: None)  # no compiler
+    monkeypatch.setattr(ops, "native_kernels", lambda: None)  # no compiler
     x32 = torch.randn(4, 64)
     kept = x32.clone()
     assert torch.equal(RMSNorm(64, dispatch_key="cpu")(x32), RMSNorm(64)(kept.clone()))

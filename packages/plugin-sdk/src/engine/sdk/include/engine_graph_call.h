@@ -1,10 +1,16 @@
-// The CPU step graph's function ABI (engine.sdk.graph_calls), as the engine's own kernels
-// implement it: each kernel a graph may record has an entry
+// The CPU step graph's function ABI (engine.sdk.graph_calls) for C++ kernels: shipped with
+// the SDK and on the include path of every engine.sdk.native build, so a plugin's kernel
+// and the engine's own write their entries the same way. Each kernel a graph may record
+// has an entry
 //
 //     int engine_graph_<kernel>(const int64_t* args, int64_t num_args, int max_threads);
 //
-// beside it, which reads its arguments (in its Python wrapper's argtypes order) from
-// `args` and calls the kernel. A plugin's kernel implements the same signature.
+// beside it, which reads its arguments (in the order its GraphFunction is called with)
+// from `args` and calls the kernel:
+//
+//     ENGINE_GRAPH_ENTRY(scale_rows, 4) {  // x.ptr<T>(i), x.i32(i), x.f(i), x.threads(i)
+//       return my_scale_rows(x.ptr<float>(0), x.a[1], x.f(2), x.threads(3));
+//     }
 #pragma once
 
 #include <cstdint>

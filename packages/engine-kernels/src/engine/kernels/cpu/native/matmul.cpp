@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#include "graph_call.h"
+#include "engine_graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
 

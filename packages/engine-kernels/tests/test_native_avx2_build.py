@@ -18,21 +18,22 @@ from pathlib import Path
 
 import pytest
 
-from engine.core import machine
-from engine.core.native import native_kernels
+from engine.kernels.cpu.native import native_kernels
+from engine.sdk import native as machine
 
 TESTS = Path(__file__).parent
-MODULES = ["test_attention_backends_cpu.py", "test_builtin_ops_cpu.py",
-           "test_gguf_dequant_native.py", "test_linear_kernels.py", "test_packed_matmul.py",
-           "test_quantization_gguf.py", "test_step_graph.py"]
+CORE_TESTS = TESTS.parent.parent / "engine-core" / "tests"
+MODULES = ["test_attention_backends_cpu.py", "test_cpu_ops.py", "test_gguf_dequant_native.py",
+           "test_packed_matmul.py", *(str(CORE_TESTS / name) for name in (
+               "test_linear_kernels.py", "test_quantization_gguf.py", "test_step_graph.py"))]
 FLAGS = set(machine.cpu_flags().split())
 # What the AVX2 build must report, checked before its tests run: float32 only (its small
 # and packed products; float32 weights of bfloat16 values packed as bfloat16), torch's int4
 # tiles of 32 rows.
 CHECK = """
 import torch
-from engine.core import native
-from engine.core.quantization.gguf_kernels import int4pack_block
+from engine.kernels.cpu import native
+from engine.kernels.gguf.kernels import int4pack_block
 k = native.load()
 assert k.small_matmul_dtypes == {torch.float32}, k.small_matmul_dtypes
 assert k.packed_matmul_dtypes == {torch.float32}, k.packed_matmul_dtypes
@@ -44,7 +45,7 @@ assert int4pack_block() == 32, int4pack_block()
 # What the build without AMX must report: bfloat16 on the avx512_bf16 panels.
 CHECK_NO_AMX = """
 import torch
-from engine.core import native
+from engine.kernels.cpu import native
 k = native.load()
 assert torch.bfloat16 in k.packed_matmul_dtypes, k.packed_matmul_dtypes
 assert not k.amx_bfloat16
@@ -79,5 +80,5 @@ def test_kernel_tests_pass_on_the_avx2_build() -> None:
                     "the ordinary run of the kernel tests is the avx512_bf16 (or AVX2) build's")
 def test_kernel_tests_pass_on_the_build_without_amx() -> None:
     env = {**os.environ, "ENGINE_CPU_KERNELS_MARCH": "cooperlake"}
-    run_kernel_tests(env, CHECK_NO_AMX, ["test_packed_matmul.py", "test_linear_kernels.py",
-                                         "test_step_graph.py"])
+    run_kernel_tests(env, CHECK_NO_AMX, ["test_packed_matmul.py", *(
+        str(CORE_TESTS / name) for name in ("test_linear_kernels.py", "test_step_graph.py"))])
