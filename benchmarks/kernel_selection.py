@@ -41,9 +41,9 @@ def main() -> None:
     args = parser.parse_args()
     model = peers.PEERS_HOME / args.model
     cache = Path(tempfile.mkdtemp(prefix="engine-kernel-choice-"))
-    native = cache_dir() / "cpu_kernels"
+    native = cache_dir() / "native"
     if native.exists():  # the compiled kernels, not the choices
-        shutil.copytree(native, cache / "cpu_kernels")
+        shutil.copytree(native, cache / "native")
     os.environ["ENGINE_CACHE_DIR"] = str(cache)
     rates: dict[str, list[float]] = {name: [] for name in CONFIGS}
     starts: list[float] = []
