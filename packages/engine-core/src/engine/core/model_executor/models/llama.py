@@ -15,6 +15,10 @@ Layers come from the ``LayerFactory`` in the model context, so quantization, att
 backends, custom ops and tensor parallelism apply. q/k/v and gate/up are fused into one
 matmul each; under tensor parallelism they are column-parallel, o_proj and down_proj
 row-parallel, the embedding and LM head split by vocabulary rows.
+
+Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_layer_cls``,
+``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
+before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms.
 """
 
 from __future__ import annotations
@@ -77,15 +81,21 @@ class LlamaAttention(nn.Module):
             head_size=self.head_dim, scale=self.head_dim**-0.5, sliding_window=window,
         )
 
+    def per_head(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The per-head step on q and k (``[tokens, heads, head_dim]``) before the rotation.
+
+        None here; Qwen3 normalises each head.
+        """
+        return q, k
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: Any) -> torch.Tensor:
         qkv = self.qkv_proj(hidden)
         q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
         num_tokens = hidden.shape[0]
-        q, k = self.rotary_emb(
-            positions,
+        q, k = self.rotary_emb(positions, *self.per_head(
             q.reshape(num_tokens, self.num_heads, self.head_dim),
             k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
-        )
+        ))
         out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
                         v.contiguous(), metadata)
         projected: torch.Tensor = self.o_proj(out)
@@ -112,11 +122,14 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
+    #: The attention module of each layer (a variant's subclass replaces it).
+    attention_cls: type[LlamaAttention] = LlamaAttention
+
     def __init__(self, config: Any, layers: LayerFactory, prefix: str, qkv_bias: bool) -> None:
         super().__init__()
         eps = config.rms_norm_eps
         self.input_layernorm = layers.rms_norm(config.hidden_size, eps)
-        self.self_attn = LlamaAttention(config, layers, f"{prefix}.self_attn", qkv_bias)
+        self.self_attn = self.attention_cls(config, layers, f"{prefix}.self_attn", qkv_bias)
         self.post_attention_layernorm = layers.rms_norm(config.hidden_size, eps)
         self.mlp = LlamaMLP(config, layers, f"{prefix}.mlp")
 
@@ -139,6 +152,8 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
 
     #: Whether q/k/v carry a bias regardless of ``attention_bias`` (Qwen2 sets True).
     qkv_bias_default = False
+    #: The decoder layer (a variant with another attention, e.g. Qwen3's, replaces it).
+    decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
 
     def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
         nn.Module.__init__(self)
@@ -152,7 +167,7 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
         self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
                                              config.hidden_size)
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, layers, f"model.layers.{i}", qkv_bias)
+            self.decoder_layer_cls(config, layers, f"model.layers.{i}", qkv_bias)
             for i in range(config.num_hidden_layers)
         )
         self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
