@@ -44,6 +44,14 @@ def tiny_qwen2(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen2", "qwen2")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Per-head q/k norms of random weights, ``head_dim`` 32 (not hidden / heads), untied."""
+    from engine.testing.models import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3")
+
+
 class TinyLLMFactory:
     """Stands in for ``engine.core.LLM`` in a docs page's blocks: the tiny checkpoint, fast.
 

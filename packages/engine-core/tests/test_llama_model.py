@@ -1,4 +1,4 @@
-"""The Llama-family model, run directly over the paged cache, against transformers."""
+"""The Llama family and Qwen3, run directly over the paged cache, against transformers."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import torch
 from engine.core.attention import TorchAttentionBackend
 from engine.core.model_executor.layers import LayerFactory
 from engine.core.model_executor.models.llama import LlamaForCausalLM, Qwen2ForCausalLM
+from engine.core.model_executor.models.qwen3 import Qwen3ForCausalLM
 from engine.kernels.cpu.attention import CpuAttentionBackend
 from engine.sdk.attention import AttentionContext, CommonAttentionMetadata
 from engine.sdk.model import ModelContext
@@ -26,7 +27,7 @@ def build(kind: str, tmp_path: Path, backend=TorchAttentionBackend):
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     factory = LayerFactory(dtype=torch.float32, block_size=BLOCK,
                            attention_backend=backend)
-    cls = Qwen2ForCausalLM if kind == "qwen2" else LlamaForCausalLM
+    cls = {"qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM}.get(kind, LlamaForCausalLM)
     model = cls(ModelContext(hf_config=hf.config, layers=factory))
     model.load_weights(hf.state_dict().items())
     return hf, model, factory
@@ -69,7 +70,7 @@ def run_prefill(model, factory, prompts, num_blocks=64, backend=TorchAttentionBa
 
 @pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend],
                          ids=lambda b: b.name)
-@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral", "qwen3"])
 def test_prefill_logits_match_transformers(kind: str, backend, tmp_path: Path) -> None:
     hf, model, factory = build(kind, tmp_path, backend)
     gen = torch.Generator().manual_seed(1)

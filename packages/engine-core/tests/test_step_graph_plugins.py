@@ -94,13 +94,6 @@ def capture_plugins(capture_site: Path, monkeypatch: pytest.MonkeyPatch) -> Iter
     yield put_on_path(capture_site, monkeypatch)
 
 
-@pytest.fixture(scope="module")
-def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from engine.testing.models import build_tiny_checkpoint
-
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3")
-
-
 def make_llm(path: Path, **kwargs: Any) -> LLM:
     options: dict[str, Any] = {"dtype": "float32", "num_kv_blocks": 64, "in_process": True,
                                "max_num_batched_tokens": 64}
