@@ -2,9 +2,10 @@
 
 The plugin is engine-test-plugin-capture's ``Qwen3ForCausalLM`` (built only through
 ``ctx.layers`` and the SDK; it declares that a graph may record its pass), pip-installed
-into a temporary directory; the built-in is ``LlamaForCausalLM``. Both random-initialised
-with the throughput benchmark's sizes (hidden 768, 12 layers, 12 heads, 4 KV heads,
-intermediate 2560, vocab 8192; Qwen3's head_dim 64 = hidden / heads), same workload
+into a temporary directory and chosen with ``--model-impl`` (engine-core has a Qwen3 of its
+own); the built-in is ``LlamaForCausalLM``. Both random-initialised with the throughput
+benchmark's sizes (hidden 768, 12 layers, 12 heads, 4 KV heads, intermediate 2560, vocab
+8192; Qwen3's head_dim 64 = hidden / heads), same workload
 (64 prompts x 32 -> 128, greedy, EOS ignored), with the step graph and with
 ``--enforce-eager``. Every engine is started once (EngineCore in its own process, as
 ``LLM`` does by default) and the runs alternate between them ``--rounds`` times, so a
@@ -75,9 +76,12 @@ def main() -> None:
         engines = {}
         for mode in modes:
             for name, path in models.items():
+                # The plugin's Qwen3, not engine-core's own (auto picks it too).
+                impl = "engine-test-plugin-capture" if name == "qwen3" else "auto"
                 llm = LLM(str(path), dtype=args.dtype, num_threads=args.threads,
                           max_model_len=args.input_len + args.output_len + 16,
-                          max_num_seqs=args.num_prompts, enforce_eager=mode == "eager")
+                          max_num_seqs=args.num_prompts, enforce_eager=mode == "eager",
+                          model_impl=impl)
                 llm.generate([{"prompt_token_ids": p} for p in prompts[:4]],  # warm-up
                              SamplingParams(temperature=0, max_tokens=4, ignore_eos=True),
                              use_tqdm=False)
