@@ -18,7 +18,10 @@ row-parallel, the embedding and LM head split by vocabulary rows.
 
 Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_layer_cls``,
 ``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
-before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms.
+before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms. A checkpoint
+may also hold ``qkv_proj`` / ``gate_up_proj`` already fused (Phi-3, ``models.phi3``): such
+a tensor loads as one of the whole layer (shard ``None``), which ``Linear.load_weight``
+cuts into its logical outputs, each rank taking its part of each.
 """
 
 from __future__ import annotations
