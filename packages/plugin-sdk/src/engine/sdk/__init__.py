@@ -42,7 +42,13 @@ from engine.sdk.kv_connector import (
     KVConnectorScheduler,
     KVConnectorWorker,
 )
-from engine.sdk.layers import AttentionLayer, EmbeddingLayer, LayerFactory, LinearLayer
+from engine.sdk.layers import (
+    AttentionLayer,
+    EmbeddingLayer,
+    FusedMoELayer,
+    LayerFactory,
+    LinearLayer,
+)
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig
 from engine.sdk.logits_processor import (
     AddedRequest,
@@ -203,6 +209,7 @@ __all__ = [
     "LinearLayer",
     "EmbeddingLayer",
     "AttentionLayer",
+    "FusedMoELayer",
     # graph capture
     "Capturable",
     "CaptureContext",

@@ -46,9 +46,9 @@ from engine.sdk._rope import rope_settings
 if TYPE_CHECKING:
     import torch
 
-    from engine.sdk.ops import RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+    from engine.sdk.ops import FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 
-__all__ = ["AttentionLayer", "EmbeddingLayer", "LayerFactory", "LinearLayer",
+__all__ = ["AttentionLayer", "EmbeddingLayer", "FusedMoELayer", "LayerFactory", "LinearLayer",
            "rope_settings"]
 
 
@@ -174,6 +174,51 @@ class AttentionLayer(Protocol):
 
         Returns:
             ``[num_tokens, num_heads * head_size]``.
+
+        .. versionadded:: 1.1
+        """
+
+
+@runtime_checkable
+class FusedMoELayer(Protocol):
+    """A mixture-of-experts MLP from :meth:`LayerFactory.fused_moe`.
+
+    ``out = layer(hidden, router_logits)``: the ``fused_moe`` op
+    (:class:`engine.sdk.ops.FusedMoEOp`, or its selected replacement) over this rank's
+    share of every expert, summed over the tensor-parallel ranks.
+
+    Attributes:
+        op: The op; it holds the parameters ``w13`` ``[E, 2 * I_shard, H]`` and ``w2``
+            ``[E, H, I_shard]``.
+
+    .. versionadded:: 1.1
+    """
+
+    op: FusedMoEOp
+
+    def __call__(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """``[num_tokens, H]`` and ``[num_tokens, E]`` -> ``[num_tokens, H]``, on every rank.
+
+        .. versionadded:: 1.1
+        """
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
+        """Copy this rank's part of one expert's checkpoint tensor into the op's weights.
+
+        Called: by the model's ``load_weights``, once per expert tensor.
+
+        Args:
+            param_name: The checkpoint name after the layer's prefix:
+                ``"J.w1.weight"``, ``"J.w3.weight"``, ``"J.w2.weight"`` (Mixtral) or
+                ``"J.gate_proj.weight"``, ``"J.up_proj.weight"``, ``"J.down_proj.weight"``
+                (Qwen-MoE), ``J`` the expert's index.
+            tensor: The whole expert's tensor: ``[I, H]`` for gate and up, ``[H, I]``
+                for down.
+            shard: ``None``.
+
+        Raises:
+            ValueError: an unknown name, an expert out of range, or a shape that does not
+                fit (the message names both shapes).
 
         .. versionadded:: 1.1
         """
@@ -335,6 +380,37 @@ class LayerFactory(Protocol):
 
         Returns:
             The op (a ``torch.nn.Module``; :class:`engine.sdk.ops.SiluAndMulOp`).
+
+        .. versionadded:: 1.1
+        """
+
+    def fused_moe(self, prefix: str, num_experts: int, top_k: int, hidden_size: int,
+                  intermediate_size: int, *, renormalize: bool = True) -> FusedMoELayer:
+        """A mixture-of-experts MLP: the ``fused_moe`` op (or its selected replacement).
+
+        The router (``gate``) is the model's own: a replicated ``linear(..., (num_experts,))``
+        whose output is the layer's ``router_logits``. Each expert is a SwiGLU MLP
+        (``w2 @ (silu(w1 @ x) * (w3 @ x))``); under tensor parallelism every rank holds every
+        expert with an even share of its intermediate size, and the layer sums the ranks'
+        outputs, as a row-parallel linear does.
+
+        Args:
+            prefix: The experts' checkpoint name (``"model.layers.0.block_sparse_moe.experts"``
+                for Mixtral, ``"model.layers.0.mlp.experts"`` for Qwen3-MoE); expert tensors
+                are named ``{prefix}.J.w1.weight`` and so on (:meth:`FusedMoELayer.load_weight`).
+            num_experts: Experts ``E``.
+            top_k: Experts per token.
+            hidden_size: ``H``.
+            intermediate_size: Each expert's intermediate size, whole model.
+            renormalize: Renormalise the ``top_k`` routing weights to sum to one (Mixtral;
+                Qwen3-MoE's ``norm_topk_prob``); see :class:`engine.sdk.ops.FusedMoEOp`.
+
+        Returns:
+            The layer (a ``torch.nn.Module``).
+
+        Raises:
+            ValueError: ``intermediate_size`` does not split across the ranks, or a size or
+                ``top_k`` is out of range.
 
         .. versionadded:: 1.1
         """

@@ -421,10 +421,157 @@ class SiluAndMulOp(CustomOp):
         return F.silu(x[..., :d]) * x[..., d:]
 
 
+class FusedMoEOp(CustomOp):
+    """``fused_moe``: a mixture-of-experts MLP (router top-k, SwiGLU experts, weighted sum).
+
+    Call: ``op(hidden, router_logits)`` -> ``out``, with ``hidden`` ``[T, H]``,
+    ``router_logits`` ``[T, E]`` (the router's scores of every expert, any float dtype) and
+    ``out`` ``[T, H]`` of ``hidden``'s dtype.
+
+    Routing (:meth:`route`), in float32: ``p = softmax(router_logits, -1)``; each token
+    keeps its ``top_k`` largest ``p`` (``ids [T, top_k]``, ``weights [T, top_k]``); with
+    ``renormalize`` the kept weights are divided by their sum (Mixtral; Qwen3-MoE's
+    ``norm_topk_prob``), without it they stay the softmax's probabilities (Qwen2-MoE).
+    ("Top-k, then softmax over the k logits", as some checkpoints spell it, is the same
+    as ``renormalize=True``.)
+
+    Reference semantics (``forward_native``), with ``I`` this rank's intermediate size::
+
+        for every token t and each of its k experts e = ids[t, j]:
+            gate_up = w13[e] @ hidden[t]                    # [2 * I], hidden's dtype
+            a = silu(gate_up[:I]) * gate_up[I:]             # SiluAndMulOp
+            out[t] += weights[t, j] * (w2[e] @ a)           # summed in float32
+        out = out.to(hidden.dtype)
+
+    Under tensor parallelism every rank holds every expert, each with its share ``I`` of
+    the intermediate dimension (w1/w3 rows, w2 columns): ``out`` is then this rank's
+    partial sum, and the caller sums it over the ranks, as a row-parallel linear layer
+    does (the layer :meth:`engine.sdk.layers.LayerFactory.fused_moe` builds does that).
+
+    Parameters (initialised to zeros; the engine's layer loads them):
+
+    * ``w13``: ``[E, 2 * I, H]``, expert ``e``'s gate projection (``w1``, ``gate_proj``)
+      in rows ``[:I]`` and its up projection (``w3``, ``up_proj``) in rows ``[I:]``;
+    * ``w2``: ``[E, H, I]``, the down projections (``w2``, ``down_proj``).
+
+    The reference groups the tokens by expert (one product per expert over only its
+    tokens), so it is also the engine's CPU implementation. Because the groups' sizes
+    depend on the routing (a host synchronisation), neither graph kind can record it.
+    Replacements (a fused kernel that routes, groups and multiplies in a few launches)
+    must match it within floating-point tolerance and must not modify their inputs; they
+    may keep the weights in another layout after ``process_weights_after_loading``.
+
+    Attributes:
+        num_experts: ``E``.
+        top_k: Experts per token.
+        hidden_size: ``H``.
+        intermediate_size: ``I``, this rank's share of each expert's intermediate size.
+        renormalize: Whether the ``top_k`` weights are renormalised to sum to one.
+
+    .. versionadded:: 1.1
+    """
+
+    name: ClassVar[str] = "fused_moe"
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        renormalize: bool = True,
+        dtype: torch.dtype | None = None,
+        dispatch_key: str = NATIVE,
+    ) -> None:
+        """Create ``w13`` and ``w2`` (zeros).
+
+        Args:
+            num_experts: Experts ``E``.
+            top_k: Experts each token is routed to (``1 <= top_k <= E``).
+            hidden_size: ``H``.
+            intermediate_size: This rank's intermediate size ``I`` of each expert.
+            renormalize: Renormalise the kept weights to sum to one (see the class
+                docstring).
+            dtype: Dtype of the weights (default: torch's default dtype).
+            dispatch_key: See :class:`CustomOp`.
+
+        Raises:
+            ValueError: a size is not positive, or ``top_k`` is not in ``[1, E]``.
+        """
+        super().__init__(dispatch_key=dispatch_key)
+        if min(num_experts, hidden_size, intermediate_size) <= 0:
+            raise ValueError(f"fused_moe sizes must be positive, got num_experts={num_experts}"
+                             f", hidden_size={hidden_size}, "
+                             f"intermediate_size={intermediate_size}")
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.renormalize = renormalize
+        self.w13 = torch.nn.Parameter(
+            torch.zeros(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
+            requires_grad=False)
+        self.w2 = torch.nn.Parameter(
+            torch.zeros(num_experts, hidden_size, intermediate_size, dtype=dtype),
+            requires_grad=False)
+
+    def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The routing rule: ``(weights [T, top_k] float32, ids [T, top_k] int64)``.
+
+        See the class docstring; replacements may call it and fuse the rest.
+
+        .. versionadded:: 1.1
+        """
+        probs = torch.softmax(router_logits.float(), dim=-1)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.renormalize:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights, ids
+
+    def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Route and run the experts; see the class docstring."""
+        result: torch.Tensor = self._forward_impl(hidden, router_logits)
+        return result
+
+    def forward_native(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        """Reference mixture of experts (see the class docstring), grouped by expert.
+
+        The ``T * top_k`` (token, expert) pairs are sorted by expert; each expert with
+        tokens runs two products over only its tokens, and its weighted rows are added
+        into a float32 output with ``index_add_``.
+        """
+        weights, ids = self.route(router_logits)
+        num_tokens = hidden.shape[0]
+        out = torch.zeros(num_tokens, self.hidden_size, dtype=torch.float32,
+                          device=hidden.device)
+        if num_tokens == 0:
+            return out.to(hidden.dtype)
+        flat_ids = ids.reshape(-1)
+        order = torch.argsort(flat_ids, stable=True)
+        tokens = order // self.top_k  # the token of each sorted pair
+        pair_weights = weights.reshape(-1)[order]
+        counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
+        size = self.intermediate_size
+        start = 0
+        for expert, count in enumerate(counts):
+            if count == 0:
+                continue
+            rows = tokens[start:start + count]
+            x = hidden.index_select(0, rows)
+            gate_up = F.linear(x, self.w13[expert])
+            y = F.linear(F.silu(gate_up[:, :size]) * gate_up[:, size:], self.w2[expert])
+            out.index_add_(0, rows, y.float() * pair_weights[start:start + count, None])
+            start += count
+        return out.to(hidden.dtype)
+
+
 #: The built-in op contracts by name: a replacement registered under one of these names
 #: must subclass the class given here.
 BUILTIN_OPS: Mapping[str, type[CustomOp]] = {
-    op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp)
+    op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp, FusedMoEOp)
 }
 
 _CONTRACTS = frozenset(BUILTIN_OPS.values())
