@@ -19,8 +19,15 @@ import engine.sdk
 from engine.core import LLM
 from engine.core.attention import TorchAttentionBackend
 from engine.core.model_executor.layers import LayerFactory as EngineLayerFactory
-from engine.sdk.layers import AttentionLayer, EmbeddingLayer, LayerFactory, LinearLayer
-from engine.sdk.ops import RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.core.distributed import TensorParallelGroup
+from engine.sdk.layers import (
+    AttentionLayer,
+    EmbeddingLayer,
+    FusedMoELayer,
+    LayerFactory,
+    LinearLayer,
+)
+from engine.sdk.ops import FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 
 #: Public members of the engine's factory that are not part of the SDK interface (the
 #: engine's own wiring); a new public method must join the SDK protocol or this list.
@@ -46,19 +53,20 @@ def factory() -> EngineLayerFactory:
 
 def test_it_is_exported_from_engine_sdk() -> None:
     assert engine.sdk.LayerFactory is LayerFactory
-    assert {"LayerFactory", "LinearLayer", "EmbeddingLayer", "AttentionLayer"} <= set(
-        engine.sdk.__all__)
+    assert {"LayerFactory", "LinearLayer", "EmbeddingLayer", "AttentionLayer",
+            "FusedMoELayer"} <= set(engine.sdk.__all__)
 
 
 def test_the_engines_factory_is_a_layer_factory(factory: EngineLayerFactory) -> None:
     assert isinstance(factory, LayerFactory)
     assert protocol_members() == {"linear", "embedding", "attention", "rms_norm",
-                                  "rotary_embedding", "silu_and_mul", "tp_rank", "tp_size"}
+                                  "rotary_embedding", "silu_and_mul", "fused_moe", "tp_rank",
+                                  "tp_size"}
     assert members(EngineLayerFactory) - protocol_members() == ENGINE_ONLY
 
 
 @pytest.mark.parametrize("name", ["linear", "embedding", "attention", "rms_norm",
-                                  "rotary_embedding", "silu_and_mul"])
+                                  "rotary_embedding", "silu_and_mul", "fused_moe"])
 def test_the_protocol_documents_the_real_parameter_lists(name: str) -> None:
     sdk = inspect.signature(getattr(LayerFactory, name)).parameters
     real = inspect.signature(getattr(EngineLayerFactory, name)).parameters
@@ -85,6 +93,35 @@ def test_what_it_builds_satisfies_the_sdk_protocols(factory: EngineLayerFactory)
     assert isinstance(factory.rms_norm(16, 1e-6), RMSNormOp)
     assert isinstance(factory.silu_and_mul(), SiluAndMulOp)
     assert (factory.tp_rank, factory.tp_size) == (0, 1)
+    moe = factory.fused_moe("l.experts", 4, 2, 16, 8)
+    assert isinstance(moe, FusedMoELayer) and isinstance(moe.op, FusedMoEOp)
+    assert moe(torch.ones(3, 16), torch.ones(3, 4)).shape == (3, 16)
+
+
+def test_fused_moe_loads_each_ranks_share_of_every_expert() -> None:
+    """Rank 1 of 2: rows 4..8 of w1 and w3 (gate and up), columns 4..8 of w2."""
+    torch.manual_seed(0)
+    w1, w3, w2 = torch.randn(8, 16), torch.randn(8, 16), torch.randn(16, 8)
+    for names in (("w1", "w3", "w2"), ("gate_proj", "up_proj", "down_proj")):
+        factory = EngineLayerFactory(dtype=torch.float32, block_size=4,
+                                     attention_backend=TorchAttentionBackend,
+                                     tp=TensorParallelGroup(rank=1, size=2))
+        moe = factory.fused_moe("l.experts", 4, 2, 16, 8, renormalize=False)
+        assert moe.op.w13.shape == (4, 8, 16) and moe.op.w2.shape == (4, 16, 4)
+        assert moe.op.renormalize is False
+        for name, tensor in zip(names, (w1, w3, w2), strict=True):
+            moe.load_weight(f"3.{name}.weight", tensor, None)
+        assert torch.equal(moe.op.w13[3], torch.cat((w1[4:], w3[4:])))
+        assert torch.equal(moe.op.w2[3], w2[:, 4:])
+        assert not moe.op.w13[:3].any()
+    with pytest.raises(ValueError, match=r"shape \(8, 15\), the model expects \(8, 16\)"):
+        moe.load_weight("0.w1.weight", torch.zeros(8, 15), None)
+    with pytest.raises(ValueError, match="expert 4 of 4"):
+        moe.load_weight("4.w1.weight", w1, None)
+    with pytest.raises(ValueError, match="a fused MoE layer takes"):
+        moe.load_weight("0.w4.weight", w1, None)
+    with pytest.raises(ValueError, match="cannot be split evenly"):
+        factory.fused_moe("l.experts", 4, 2, 16, 7)
 
 
 @pytest.mark.parametrize("rope", [

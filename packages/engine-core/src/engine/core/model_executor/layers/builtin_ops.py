@@ -1,6 +1,6 @@
 """The engine's built-in custom ops: the SDK's contracts, run as their references.
 
-A model's ``rms_norm``, ``rotary_embedding`` and ``silu_and_mul`` are built from the
+A model's ``rms_norm``, ``rotary_embedding``, ``silu_and_mul`` and ``fused_moe`` are built from the
 implementation ``engine.core.custom_op_selection`` chooses among every installed one; these
 classes are engine-core's entries and the fallback: each is its contract in
 ``engine.sdk.ops`` unchanged, so it runs ``forward_native`` (torch ops) on every device.
@@ -10,7 +10,19 @@ kernels (``engine.kernels.ops``). ``--custom-ops -NAME`` (or ``none``) builds th
 
 Each declares that CUDA graphs may record it (``capture_support``, ``engine.sdk.capture``):
 the reference is torch ops a CUDA graph captures; the CPU step graph records native calls
-only, so it refuses these (the model then runs eagerly, saying so).
+only, so it refuses these (the model then runs eagerly, saying so). ``fused_moe`` refuses
+both: its reference sizes each expert's product by the tokens routed to it, which the host
+reads from the device (neither graph kind can record a data-dependent shape).
+
+``fused_moe``'s reference is already the grouped computation a CPU needs (the tokens of
+each expert gathered with argsort/bincount, one product pair per expert over only its
+tokens, the weighted rows summed with ``index_add_``), so it is the engine's CPU path too.
+A faster kernel would fuse the routing (softmax + top-k) into one pass, skip the float32
+output accumulator and the gather/scatter copies by working on row indices, run the
+experts' products in parallel (one thread team per expert instead of torch's threads
+inside each small product), and on a GPU do all experts in one grouped GEMM launch over
+block-aligned token groups (vLLM's ``fused_moe`` Triton kernel), which also makes it
+recordable by CUDA graphs.
 """
 
 from __future__ import annotations
@@ -19,7 +31,7 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from engine.sdk.capture import CaptureContext, GraphKind
-from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import CustomOp, FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.support import Support
 
 
@@ -58,9 +70,20 @@ class SiluAndMul(SiluAndMulOp):
         return _capture_support(self, ctx)
 
 
+class FusedMoE(FusedMoEOp):
+    """``fused_moe``: the contract's reference, grouped by expert (the CPU path too)."""
+
+    name: ClassVar[str] = "fused_moe"
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return Support.no(f"{type(self).__qualname__} runs the contract's reference, whose "
+                          f"per-expert products take their sizes from the routing (read "
+                          f"back to the host each step), which no graph can record")
+
+
 #: The class each built-in op is built from when no other implementation is chosen.
 BUILTIN_IMPLEMENTATIONS: Mapping[str, type[CustomOp]] = {
-    op.name: op for op in (RMSNorm, RotaryEmbedding, SiluAndMul)
+    op.name: op for op in (RMSNorm, RotaryEmbedding, SiluAndMul, FusedMoE)
 }
 
-__all__ = ["BUILTIN_IMPLEMENTATIONS", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["BUILTIN_IMPLEMENTATIONS", "FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

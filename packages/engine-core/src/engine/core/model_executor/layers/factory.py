@@ -13,6 +13,8 @@ with ``kind="lm_head"`` for the LM head); the factory works out this rank's part
 ``engine.core.distributed.sharding``) and the layer exposes it
 (``Linear.output_partition_sizes``). The embedding is always split by vocabulary rows.
 Attention layers get this rank's head counts, which the model reads off its qkv layer.
+A fused mixture-of-experts layer holds every expert with this rank's share of each
+expert's intermediate size, and sums the ranks' outputs (``layers.fused_moe``).
 """
 
 from __future__ import annotations
@@ -34,12 +36,13 @@ from engine.core.distributed import (
 from engine.core.model_executor.layers.attention import Attention
 from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATIONS
 from engine.core.model_executor.layers.embedding import QuantizedVocabEmbedding, VocabEmbedding
+from engine.core.model_executor.layers.fused_moe import MoELayer
 from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
-from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import CustomOp, FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import LayerInfo, QuantizationConfig
@@ -241,3 +244,18 @@ class LayerFactory:
         """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""
         cls = cast(type[SiluAndMulOp], self._op("silu_and_mul"))
         return cls(dispatch_key=self.dispatch_key)
+
+    def fused_moe(self, prefix: str, num_experts: int, top_k: int, hidden_size: int,
+                  intermediate_size: int, *, renormalize: bool = True) -> MoELayer:
+        """``fused_moe``: every expert, this rank's share of each intermediate dimension.
+
+        Raises:
+            ValueError: ``intermediate_size`` does not split across the ranks, or a size or
+                ``top_k`` is out of range.
+        """
+        part = even_slice(intermediate_size, self.tp_rank, self.tp_size,
+                          "expert intermediate features")
+        cls = cast(type[FusedMoEOp], self._op("fused_moe"))
+        op = cls(num_experts, top_k, hidden_size, part.size, renormalize=renormalize,
+                 dtype=self.dtype, dispatch_key=self.dispatch_key)
+        return MoELayer(op, prefix, part, self.tp)
