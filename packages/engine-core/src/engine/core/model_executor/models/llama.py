@@ -18,10 +18,12 @@ row-parallel, the embedding and LM head split by vocabulary rows.
 
 Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_layer_cls``,
 ``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
-before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms. A checkpoint
-may also hold ``qkv_proj`` / ``gate_up_proj`` already fused (Phi-3, ``models.phi3``): such
-a tensor loads as one of the whole layer (shard ``None``), which ``Linear.load_weight``
-cuts into its logical outputs, each rank taking its part of each.
+before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms;
+``LlamaDecoderLayer.mlp_cls`` / ``mlp_prefix`` (the MLP and its checkpoint name), as
+Mixtral (``models.mixtral``) does for its mixture of experts. A checkpoint may also hold
+``qkv_proj`` / ``gate_up_proj`` already fused (Phi-3, ``models.phi3``): such a tensor loads
+as one of the whole layer (shard ``None``), which ``Linear.load_weight`` cuts into its
+logical outputs, each rank taking its part of each.
 """
 
 from __future__ import annotations
@@ -127,6 +129,11 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     #: The attention module of each layer (a variant's subclass replaces it).
     attention_cls: type[LlamaAttention] = LlamaAttention
+    #: The MLP of each layer, built as ``mlp_cls(config, layers, prefix)`` (Mixtral's
+    #: mixture of experts replaces it), held as ``self.mlp``.
+    mlp_cls: type[nn.Module] = LlamaMLP
+    #: The MLP's checkpoint name under the layer (Mixtral: ``block_sparse_moe``).
+    mlp_prefix: str = "mlp"
 
     def __init__(self, config: Any, layers: LayerFactory, prefix: str, qkv_bias: bool) -> None:
         super().__init__()
@@ -134,7 +141,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = layers.rms_norm(config.hidden_size, eps)
         self.self_attn = self.attention_cls(config, layers, f"{prefix}.self_attn", qkv_bias)
         self.post_attention_layernorm = layers.rms_norm(config.hidden_size, eps)
-        self.mlp = LlamaMLP(config, layers, f"{prefix}.mlp")
+        self.mlp = self.mlp_cls(config, layers, f"{prefix}.{self.mlp_prefix}")
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
@@ -147,7 +154,8 @@ class LlamaDecoderLayer(nn.Module):
             hidden, residual = self.input_layernorm(hidden, residual)
         hidden = self.self_attn(positions, hidden, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
-        return self.mlp(hidden), residual
+        out: torch.Tensor = self.mlp(hidden)
+        return out, residual
 
 
 class LlamaForCausalLM(nn.Module, ModelInterface):
