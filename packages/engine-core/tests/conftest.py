@@ -52,6 +52,14 @@ def tiny_qwen3(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3", "qwen3")
 
 
+@pytest.fixture(scope="session")
+def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """2 layers of 4 experts (intermediate 96, top 2), a decisive router, untied head."""
+    from engine.testing.models import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "mixtral", "mixtral")
+
+
 class TinyLLMFactory:
     """Stands in for ``engine.core.LLM`` in a docs page's blocks: the tiny checkpoint, fast.
 

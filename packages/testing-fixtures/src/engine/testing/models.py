@@ -30,7 +30,9 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
 
     Kinds: ``llama`` (llama3 rope scaling), ``qwen2`` (q/k/v bias, tied embeddings),
     ``mistral``, ``qwen3`` (per-head q/k norms with random weights, ``head_dim`` 32: not
-    ``hidden_size / num_attention_heads``). Returns ``path`` (config.json +
+    ``hidden_size / num_attention_heads``), ``mixtral`` (4 experts of intermediate size 96,
+    top 2, a router of a wide init spread so that routing is no near-tie). Returns ``path``
+    (config.json +
     model.safetensors + a byte-level tokenizer).
     """
     import torch
@@ -51,14 +53,22 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
 
         config = Qwen3Config(**{**params, "head_dim": 32, "tie_word_embeddings": False,
                                 **overrides})
+    elif kind == "mixtral":
+        from transformers import MixtralConfig
+
+        config = MixtralConfig(**{**params, "intermediate_size": 96, "num_local_experts": 4,
+                                  "num_experts_per_tok": 2, "sliding_window": None,
+                                  "tie_word_embeddings": False, **overrides})
     else:
-        raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral or "
-                         f"qwen3")
+        raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral, "
+                         f"qwen3 or mixtral")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
         for name, param in model.named_parameters():
-            if param.dim() > 1:
+            if kind == "mixtral" and name.endswith(".gate.weight"):
+                param.normal_(0.0, 0.5)  # decisive routing: no top-k near-ties
+            elif param.dim() > 1:
                 param.normal_(0.0, 0.08)
             elif kind == "qwen3" and name.endswith("_norm.weight"):
                 param.uniform_(0.5, 1.5)  # the per-head norms matter
