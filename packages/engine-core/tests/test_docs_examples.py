@@ -60,6 +60,7 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# src/my_plugin/avx512_ops.py": _TESTS + "test_docs_seams.py",
         "# Offline, the same items as a list.": _TESTS + "test_docs_seams.py",
         "# src/my_plugin/cuda_ops.py": _TESTS + "test_docs_seams.py",
+        "# checking a fused_moe replacement against the reference": _TESTS + "test_docs_seams.py",
     },
     "endpoints.md": {
         "# src/acme_plugins/readiness.py": "packages/server/tests/test_docs_endpoints.py",

@@ -34,7 +34,8 @@ DOCS = Path(__file__).resolve().parents[3] / "docs" / "plugins"
 BLOCKS = {
     "custom-ops.md": ["from __future__ import annotations", "import torch",
                       "# src/my_plugin/avx512_ops.py", "# Offline, the same items as a list.",
-                      "# src/my_plugin/cuda_ops.py"],
+                      "# src/my_plugin/cuda_ops.py",
+                      "# checking a fused_moe replacement against the reference"],
     "stat-loggers.md": ["# src/acme_plugins/statsd.py", "# tests/test_statsd.py",
                         "# offline_stats.py"],
     "platforms.md": ["# src/acme_plugins/platform.py", "# tests/test_platform.py"],
@@ -82,6 +83,12 @@ def exec_block(source: str, namespace: dict[str, Any] | None = None) -> dict[str
 def test_custom_ops_replacement_and_its_reference_check() -> None:
     namespace = exec_block(block("custom-ops.md", "from __future__ import annotations"))
     exec_block(block("custom-ops.md", "import torch"), namespace)  # asserts close to reference
+
+
+def test_a_fused_moe_replacement_checked_against_its_reference() -> None:
+    namespace = exec_block(block("custom-ops.md",
+                                 "# checking a fused_moe replacement against the reference"))
+    assert namespace["candidate"].method_for("cpu") == "forward_cpu"
 
 
 def test_custom_ops_replacement_in_the_engine_and_the_offline_flag(
