@@ -8,15 +8,18 @@ from pathlib import Path
 from engine.testing.test_plugins import run_engine_cli
 
 
-def _op_lines(stdout: str) -> list[str]:
-    """The line of each op (its candidates, indented further, left out)."""
+def _op_lines(stdout: str, *, moe: bool = False) -> list[str]:
+    """The line of each op (its candidates, indented further, left out).
+
+    ``fused_moe`` (which only the built-in implements) is left out unless ``moe``.
+    """
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("custom ops on cpu  ("))
     ops = [line for line in lines[start + 1:] if line.startswith("  ") and
            not line.startswith("    ")]
-    assert [line.split()[0] for line in ops] == ["rms_norm", "rotary_embedding",
+    assert [line.split()[0] for line in ops] == ["fused_moe", "rms_norm", "rotary_embedding",
                                                  "silu_and_mul"]
-    return ops
+    return ops if moe else ops[1:]
 
 
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
@@ -29,6 +32,10 @@ def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
                for line in _op_lines(result.stdout))
     assert result.stdout.count("(engine-core 0.1.0)  (priority 0; not eligible: it has no "
                                "cpu path of its own") == 3
+    # fused_moe: only the built-in (the grouped reference) implements it.
+    moe = _op_lines(result.stdout, moe=True)[0]
+    assert ("fused_moe = built-in engine.core.model_executor.layers.builtin_ops:FusedMoE"
+            in moe and "no replacement is installed" in moe), moe
     forced = run_engine_cli(["plugins", "list", "--custom-ops", "all"], test_plugins_dir)
     assert all("engine.kernels.ops:" in line and "[--custom-ops: all]" in line
                for line in _op_lines(forced.stdout))
@@ -48,7 +55,7 @@ def test_bad_custom_ops_items_fail_listing_the_ops(test_plugins_dir: Path) -> No
             "from engine-core, engine-kernels") in result.stderr
     result = run_engine_cli(["plugins", "list", "--custom-ops=-rms"], test_plugins_dir)
     assert result.returncode == 2
-    assert "ops: rms_norm, rotary_embedding, silu_and_mul" in result.stderr
+    assert "ops: fused_moe, rms_norm, rotary_embedding, silu_and_mul" in result.stderr
     ok = run_engine_cli(["plugins", "list", "--json", "--custom-ops=none,-rms_norm"],
                         test_plugins_dir)
     assert ok.returncode == 0, ok.stderr
