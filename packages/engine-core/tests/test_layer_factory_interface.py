@@ -18,8 +18,8 @@ import torch
 import engine.sdk
 from engine.core import LLM
 from engine.core.attention import TorchAttentionBackend
-from engine.core.model_executor.layers import LayerFactory as EngineLayerFactory
 from engine.core.distributed import TensorParallelGroup
+from engine.core.model_executor.layers import LayerFactory as EngineLayerFactory
 from engine.sdk.layers import (
     AttentionLayer,
     EmbeddingLayer,

@@ -10,16 +10,16 @@ from engine.sdk import PlatformInfo
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.ops import BUILTIN_OPS, FusedMoEOp, SiluAndMulOp, check_replacement
 
-E, K, H, I = 8, 2, 32, 24
+E, K, H, INTER = 8, 2, 32, 24
 
 
 def make_op(renormalize: bool = True, dtype: torch.dtype = torch.float32,
             top_k: int = K) -> FusedMoEOp:
     torch.manual_seed(0)
-    op = FusedMoEOp(E, top_k, H, I, renormalize=renormalize, dtype=dtype)
+    op = FusedMoEOp(E, top_k, H, INTER, renormalize=renormalize, dtype=dtype)
     with torch.no_grad():
-        op.w13.copy_(torch.randn(E, 2 * I, H) * 0.2)
-        op.w2.copy_(torch.randn(E, H, I) * 0.2)
+        op.w13.copy_(torch.randn(E, 2 * INTER, H) * 0.2)
+        op.w2.copy_(torch.randn(E, H, INTER) * 0.2)
     return op
 
 
@@ -101,10 +101,10 @@ def test_inputs_are_not_modified_and_the_op_is_the_sum_of_intermediate_shards() 
     assert torch.equal(hidden, kept[0]) and torch.equal(logits, kept[1])
     halves = []
     for part in range(2):
-        shard = FusedMoEOp(E, K, H, I // 2)
-        rows = slice(part * I // 2, (part + 1) * I // 2)
+        shard = FusedMoEOp(E, K, H, INTER // 2)
+        rows = slice(part * INTER // 2, (part + 1) * INTER // 2)
         with torch.no_grad():
-            shard.w13.copy_(torch.cat((op.w13[:, :I][:, rows], op.w13[:, I:][:, rows]), 1))
+            shard.w13.copy_(torch.cat((op.w13[:, :INTER][:, rows], op.w13[:, INTER:][:, rows]), 1))
             shard.w2.copy_(op.w2[:, :, rows])
         halves.append(shard(hidden, logits))
     torch.testing.assert_close(halves[0] + halves[1], whole, atol=1e-5, rtol=1e-5)
@@ -126,13 +126,13 @@ def test_it_is_a_built_in_contract_with_a_checked_replacement() -> None:
     assert not refused and "does not subclass engine.sdk.ops.FusedMoEOp" in refused.reason
     cpu = PlatformInfo("cpu", "cpu")
     assert MyMoE.is_supported(cpu) and not FusedMoEOp.is_supported(cpu)
-    op = MyMoE(E, K, H, I, dispatch_key="cpu")
+    op = MyMoE(E, K, H, INTER, dispatch_key="cpu")
     assert op.method_for(op.dispatch_key) == "forward_cpu"
     assert not op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH))
 
 
 def test_bad_sizes_are_refused() -> None:
     with pytest.raises(ValueError, match="top_k must be in"):
-        FusedMoEOp(4, 5, H, I)
+        FusedMoEOp(4, 5, H, INTER)
     with pytest.raises(ValueError, match="must be positive"):
         FusedMoEOp(4, 2, H, 0)
