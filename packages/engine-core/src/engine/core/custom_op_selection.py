@@ -1,10 +1,11 @@
 """Which implementation each custom op is built from.
 
 Every implementation of an op is a candidate: the allowed ``engine.custom_ops`` entries
-named after it, from any distribution (engine-core's built-in and engine-kernels' Triton
-ops among them, installed beside any number of third parties' replacements), plus a class
-the operator names as ``+NAME=module:Class``. Nothing about several of them is an error at
-start-up. For each op, the items of ``engine.core.custom_op_items`` leave one mode:
+named after it, from any distribution (engine-core's built-in references and
+engine-kernels' C++ and Triton ops among them, installed beside any number of third
+parties' replacements), plus a class the operator names as ``+NAME=module:Class``.
+Nothing about several of them is an error at start-up. For each op, the items of
+``engine.core.custom_op_items`` leave one mode:
 
 * **default** (no item names the op): each candidate is imported and asked
   ``is_supported(platform)`` (by default: does it have a path of its own for the device);
