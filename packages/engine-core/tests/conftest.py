@@ -60,6 +60,15 @@ def tiny_mixtral(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "mixtral", "mixtral")
 
 
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """3 layers: 6 experts (intermediate 48, top 2) in 0 and 2, 1 dense; norm_topk_prob."""
+    from engine.testing.models import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "qwen3_moe", "qwen3_moe",
+                                 norm_topk_prob=True)
+
+
 class TinyLLMFactory:
     """Stands in for ``engine.core.LLM`` in a docs page's blocks: the tiny checkpoint, fast.
 

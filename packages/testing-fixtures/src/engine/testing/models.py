@@ -31,7 +31,10 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
     Kinds: ``llama`` (llama3 rope scaling), ``qwen2`` (q/k/v bias, tied embeddings),
     ``mistral``, ``qwen3`` (per-head q/k norms with random weights, ``head_dim`` 32: not
     ``hidden_size / num_attention_heads``), ``mixtral`` (4 experts of intermediate size 96,
-    top 2, a router of a wide init spread so that routing is no near-tie). Returns ``path``
+    top 2, a router of a wide init spread so that routing is no near-tie), ``qwen3_moe``
+    (qwen3's attention; 3 layers, the middle one dense through ``mlp_only_layers``, the
+    others of 6 experts of intermediate size 48, top 2, a router as mixtral's; transformers'
+    default ``norm_topk_prob`` unless overridden). Returns ``path``
     (config.json +
     model.safetensors + a byte-level tokenizer).
     """
@@ -59,18 +62,26 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
         config = MixtralConfig(**{**params, "intermediate_size": 96, "num_local_experts": 4,
                                   "num_experts_per_tok": 2, "sliding_window": None,
                                   "tie_word_embeddings": False, **overrides})
+    elif kind == "qwen3_moe":
+        from transformers import Qwen3MoeConfig
+
+        config = Qwen3MoeConfig(**{**params, "num_hidden_layers": 3, "head_dim": 32,
+                                   "num_experts": 6, "num_experts_per_tok": 2,
+                                   "moe_intermediate_size": 48, "mlp_only_layers": [1],
+                                   "decoder_sparse_step": 1, "tie_word_embeddings": False,
+                                   **overrides})
     else:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral, "
-                         f"qwen3 or mixtral")
+                         f"qwen3, mixtral or qwen3_moe")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
         for name, param in model.named_parameters():
-            if kind == "mixtral" and name.endswith(".gate.weight"):
+            if kind in ("mixtral", "qwen3_moe") and name.endswith(".gate.weight"):
                 param.normal_(0.0, 0.5)  # decisive routing: no top-k near-ties
             elif param.dim() > 1:
                 param.normal_(0.0, 0.08)
-            elif kind == "qwen3" and name.endswith("_norm.weight"):
+            elif kind in ("qwen3", "qwen3_moe") and name.endswith("_norm.weight"):
                 param.uniform_(0.5, 1.5)  # the per-head norms matter
     model.save_pretrained(path, safe_serialization=True)
     _write_tokenizer(path, config.vocab_size)

@@ -20,10 +20,11 @@ Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_
 ``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
 before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms;
 ``LlamaDecoderLayer.mlp_cls`` / ``mlp_prefix`` (the MLP and its checkpoint name), as
-Mixtral (``models.mixtral``) does for its mixture of experts. A checkpoint may also hold
-``qkv_proj`` / ``gate_up_proj`` already fused (Phi-3, ``models.phi3``): such a tensor loads
-as one of the whole layer (shard ``None``), which ``Linear.load_weight`` cuts into its
-logical outputs, each rank taking its part of each.
+Mixtral (``models.mixtral``) does for its mixture of experts, and ``build_mlp`` (the MLP of
+one layer), as Qwen3-MoE (``models.qwen3_moe``) does for its dense ``mlp_only_layers``.
+A checkpoint may also hold ``qkv_proj`` / ``gate_up_proj`` already fused (Phi-3,
+``models.phi3``): such a tensor loads as one of the whole layer (shard ``None``), which
+``Linear.load_weight`` cuts into its logical outputs, each rank taking its part of each.
 """
 
 from __future__ import annotations
@@ -141,7 +142,15 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = layers.rms_norm(config.hidden_size, eps)
         self.self_attn = self.attention_cls(config, layers, f"{prefix}.self_attn", qkv_bias)
         self.post_attention_layernorm = layers.rms_norm(config.hidden_size, eps)
-        self.mlp = self.mlp_cls(config, layers, f"{prefix}.{self.mlp_prefix}")
+        self.mlp = self.build_mlp(config, layers, prefix)
+
+    def build_mlp(self, config: Any, layers: LayerFactory, prefix: str) -> nn.Module:
+        """This layer's MLP (``prefix``: the layer's, ``model.layers.{i}``).
+
+        ``mlp_cls(config, layers, f"{prefix}.{mlp_prefix}")`` here; a variant whose layers
+        differ (Qwen3-MoE's dense ``mlp_only_layers``) chooses per layer.
+        """
+        return self.mlp_cls(config, layers, f"{prefix}.{self.mlp_prefix}")
 
     def forward(
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,

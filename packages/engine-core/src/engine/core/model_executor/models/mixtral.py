@@ -35,13 +35,23 @@ class MixtralSparseMoeBlock(nn.Module):
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"{prefix}: hidden_act {act!r} is not supported; supported: silu")
-        experts = config.num_local_experts
+        experts, top_k, intermediate, renormalize = self.expert_settings(config)
         self.gate = layers.linear(f"{prefix}.gate", config.hidden_size, (experts,),
                                   parallel="replicated")
         self.experts = layers.fused_moe(
-            f"{prefix}.experts", experts, config.num_experts_per_tok, config.hidden_size,
-            config.intermediate_size, renormalize=True,
+            f"{prefix}.experts", experts, top_k, config.hidden_size, intermediate,
+            renormalize=renormalize,
         )
+
+    @classmethod
+    def expert_settings(cls, config: Any) -> tuple[int, int, int, bool]:
+        """(experts, experts per token, each expert's intermediate size, renormalize).
+
+        Mixtral's: ``num_local_experts``, ``num_experts_per_tok``, ``intermediate_size``,
+        always renormalised (Qwen3-MoE reads its own names).
+        """
+        return (config.num_local_experts, config.num_experts_per_tok,
+                config.intermediate_size, True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out: torch.Tensor = self.experts(x, self.gate(x))
@@ -56,7 +66,7 @@ class MixtralDecoderLayer(LlamaDecoderLayer):
 class MixtralForCausalLM(LlamaForCausalLM):
     """Mixtral sparse mixture-of-experts decoder (see the module docstring)."""
 
-    decoder_layer_cls = MixtralDecoderLayer
+    decoder_layer_cls: type[LlamaDecoderLayer] = MixtralDecoderLayer
 
     def _module_for(self, name: str) -> tuple[nn.Module, str, int | None] | None:
         # The MLP is held as ``mlp`` under the checkpoint's ``block_sparse_moe``; every
