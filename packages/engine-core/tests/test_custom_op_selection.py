@@ -90,8 +90,9 @@ def test_unknown_op_names_are_refused_listing_the_ops(item: str) -> None:
 
 
 def test_a_bad_platform_item_names_the_platform() -> None:
-    settings = CustomOpSettings(platform=("+gelu_and_mul",), platform_name="acme_npu")
-    with pytest.raises(ValidationError, match="as platform acme_npu set it.*'gelu_and_mul'"):
+    settings = CustomOpSettings(platform=("+gelu_tanh_mul_fused",), platform_name="acme_npu")
+    with pytest.raises(ValidationError,
+                       match="as platform acme_npu set it.*'gelu_tanh_mul_fused'"):
         settings.validate(_catalog_with(RMS))
 
 
@@ -125,7 +126,7 @@ def test_precedence(operator: tuple[str, ...], platform: tuple[str, ...],
     settings = CustomOpSettings(operator, platform, "acme")
     uses = _uses(settings)
     assert uses == {"rms_norm": uses_replacement, "rotary_embedding": False,
-                    "silu_and_mul": False, "fused_moe": False}
+                    "silu_and_mul": False, "gelu_and_mul": False, "fused_moe": False}
 
 
 def test_the_plan_says_why() -> None:
@@ -186,9 +187,10 @@ def test_a_replacement_that_breaks_the_contract_names_its_distribution() -> None
 
 
 def test_an_entry_for_no_built_in_op_fails_unless_replacements_are_off() -> None:
-    catalog = _catalog_with(_entry("gelu_and_mul", CountingRMSNorm))
+    catalog = _catalog_with(_entry("gelu_tanh_mul_fused", CountingRMSNorm))
     with pytest.raises(PluginError,
-                       match="no built-in op named 'gelu_and_mul'.*ops: fused_moe, rms_norm"):
+                       match="no built-in op named 'gelu_tanh_mul_fused'.*ops: fused_moe, "
+                             "gelu_and_mul, rms_norm"):
         _select(catalog)
     assert _select(catalog, CustomOpSettings(("none",))) == {}
 

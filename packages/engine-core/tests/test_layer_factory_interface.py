@@ -27,7 +27,13 @@ from engine.sdk.layers import (
     LayerFactory,
     LinearLayer,
 )
-from engine.sdk.ops import FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import (
+    FusedMoEOp,
+    GeluAndMulOp,
+    RMSNormOp,
+    RotaryEmbeddingOp,
+    SiluAndMulOp,
+)
 
 #: Public members of the engine's factory that are not part of the SDK interface (the
 #: engine's own wiring); a new public method must join the SDK protocol or this list.
@@ -60,13 +66,14 @@ def test_it_is_exported_from_engine_sdk() -> None:
 def test_the_engines_factory_is_a_layer_factory(factory: EngineLayerFactory) -> None:
     assert isinstance(factory, LayerFactory)
     assert protocol_members() == {"linear", "embedding", "attention", "rms_norm",
-                                  "rotary_embedding", "silu_and_mul", "fused_moe", "tp_rank",
-                                  "tp_size"}
+                                  "rotary_embedding", "silu_and_mul", "gelu_and_mul", "fused_moe",
+                                  "tp_rank", "tp_size"}
     assert members(EngineLayerFactory) - protocol_members() == ENGINE_ONLY
 
 
 @pytest.mark.parametrize("name", ["linear", "embedding", "attention", "rms_norm",
-                                  "rotary_embedding", "silu_and_mul", "fused_moe"])
+                                  "rotary_embedding", "silu_and_mul", "gelu_and_mul",
+                                  "fused_moe"])
 def test_the_protocol_documents_the_real_parameter_lists(name: str) -> None:
     sdk = inspect.signature(getattr(LayerFactory, name)).parameters
     real = inspect.signature(getattr(EngineLayerFactory, name)).parameters
@@ -92,6 +99,12 @@ def test_what_it_builds_satisfies_the_sdk_protocols(factory: EngineLayerFactory)
     assert isinstance(attention, AttentionLayer)
     assert isinstance(factory.rms_norm(16, 1e-6), RMSNormOp)
     assert isinstance(factory.silu_and_mul(), SiluAndMulOp)
+    gelu = factory.gelu_and_mul("tanh")
+    assert isinstance(gelu, GeluAndMulOp) and gelu.approximate == "tanh"
+    assert gelu(torch.ones(3, 8)).shape == (3, 4)
+    assert factory.gelu_and_mul().approximate == "none"
+    with pytest.raises(ValueError, match="allowed: 'none', 'tanh'"):
+        factory.gelu_and_mul("erf")  # type: ignore[arg-type]
     assert (factory.tp_rank, factory.tp_size) == (0, 1)
     moe = factory.fused_moe("l.experts", 4, 2, 16, 8)
     assert isinstance(moe, FusedMoELayer) and isinstance(moe.op, FusedMoEOp)

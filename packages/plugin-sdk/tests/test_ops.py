@@ -221,7 +221,8 @@ def test_replacement_matches_the_reference_on_cloned_inputs() -> None:
 
 
 def test_check_replacement() -> None:
-    assert set(BUILTIN_OPS) == {"rms_norm", "rotary_embedding", "silu_and_mul", "fused_moe"}
+    assert set(BUILTIN_OPS) == {"rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul",
+                                "fused_moe"}
     assert check_replacement("rms_norm", InPlaceRMSNorm).ok
     assert "does not subclass engine.sdk.ops.RMSNormOp" in check_replacement(
         "rms_norm", type("Renamed", (SiluAndMulOp,), {"name": "rms_norm"})

@@ -11,15 +11,16 @@ from engine.testing.test_plugins import run_engine_cli
 def _op_lines(stdout: str, *, moe: bool = False) -> list[str]:
     """The line of each op (its candidates, indented further, left out).
 
-    ``fused_moe`` (which only the built-in implements) is left out unless ``moe``.
+    ``fused_moe`` and ``gelu_and_mul`` (which only the built-ins implement) are left out
+    unless ``moe`` (then they come first, in that order).
     """
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("custom ops on cpu  ("))
     ops = [line for line in lines[start + 1:] if line.startswith("  ") and
            not line.startswith("    ")]
-    assert [line.split()[0] for line in ops] == ["fused_moe", "rms_norm", "rotary_embedding",
-                                                 "silu_and_mul"]
-    return ops if moe else ops[1:]
+    assert [line.split()[0] for line in ops] == ["fused_moe", "gelu_and_mul", "rms_norm",
+                                                 "rotary_embedding", "silu_and_mul"]
+    return ops if moe else ops[2:]
 
 
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
@@ -55,7 +56,8 @@ def test_bad_custom_ops_items_fail_listing_the_ops(test_plugins_dir: Path) -> No
             "from engine-core, engine-kernels") in result.stderr
     result = run_engine_cli(["plugins", "list", "--custom-ops=-rms"], test_plugins_dir)
     assert result.returncode == 2
-    assert "ops: fused_moe, rms_norm, rotary_embedding, silu_and_mul" in result.stderr
+    assert ("ops: fused_moe, gelu_and_mul, rms_norm, rotary_embedding, silu_and_mul"
+            in result.stderr)
     ok = run_engine_cli(["plugins", "list", "--json", "--custom-ops=none,-rms_norm"],
                         test_plugins_dir)
     assert ok.returncode == 0, ok.stderr

@@ -46,7 +46,13 @@ from engine.sdk._rope import rope_settings
 if TYPE_CHECKING:
     import torch
 
-    from engine.sdk.ops import FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+    from engine.sdk.ops import (
+        FusedMoEOp,
+        GeluAndMulOp,
+        RMSNormOp,
+        RotaryEmbeddingOp,
+        SiluAndMulOp,
+    )
 
 __all__ = ["AttentionLayer", "EmbeddingLayer", "FusedMoELayer", "LayerFactory", "LinearLayer",
            "rope_settings"]
@@ -380,6 +386,22 @@ class LayerFactory(Protocol):
 
         Returns:
             The op (a ``torch.nn.Module``; :class:`engine.sdk.ops.SiluAndMulOp`).
+
+        .. versionadded:: 1.1
+        """
+
+    def gelu_and_mul(self, approximate: Literal["none", "tanh"] = "none") -> GeluAndMulOp:
+        """The ``gelu_and_mul`` op (or its replacement): ``gelu(x[..., :d]) * x[..., d:]``.
+
+        Args:
+            approximate: ``"none"`` (exact, erf) or ``"tanh"`` (transformers'
+                ``gelu_pytorch_tanh``), as :func:`torch.nn.functional.gelu` takes it.
+
+        Returns:
+            The op (a ``torch.nn.Module``; :class:`engine.sdk.ops.GeluAndMulOp`).
+
+        Raises:
+            ValueError: ``approximate`` is neither ``"none"`` nor ``"tanh"``.
 
         .. versionadded:: 1.1
         """

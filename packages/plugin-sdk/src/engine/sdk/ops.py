@@ -40,7 +40,7 @@ from __future__ import annotations
 import inspect
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, ClassVar, overload
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, overload
 
 import torch
 import torch.nn.functional as F
@@ -421,6 +421,60 @@ class SiluAndMulOp(CustomOp):
         return F.silu(x[..., :d]) * x[..., d:]
 
 
+_GELU_APPROXIMATIONS = ("none", "tanh")
+
+
+class GeluAndMulOp(CustomOp):
+    """``gelu_and_mul``: the gated activation of GeGLU MLPs (Gemma, T5 v1.1 and the like).
+
+    Call: ``op(x)`` -> ``y``, with ``x`` ``[..., 2 * d]`` and ``y`` ``[..., d]`` of
+    ``x``'s dtype.
+
+    Reference semantics (``forward_native``), in ``x``'s dtype, with ``approximate`` as
+    :func:`torch.nn.functional.gelu` takes it (``"none"``: the exact erf form; ``"tanh"``:
+    the tanh approximation, transformers' ``gelu_pytorch_tanh``)::
+
+        y = gelu(x[..., :d], approximate=approximate) * x[..., d:]
+
+    Must: not modify ``x``.
+
+    .. versionadded:: 1.1
+    """
+
+    name: ClassVar[str] = "gelu_and_mul"
+
+    def __init__(self, approximate: Literal["none", "tanh"] = "none", *,
+                 dispatch_key: str = NATIVE) -> None:
+        """Choose the GELU form.
+
+        Args:
+            approximate: ``"none"`` (exact, erf) or ``"tanh"``.
+            dispatch_key: See :class:`CustomOp`.
+
+        Raises:
+            ValueError: ``approximate`` is neither ``"none"`` nor ``"tanh"``.
+        """
+        if approximate not in _GELU_APPROXIMATIONS:
+            raise ValueError(f"gelu_and_mul: approximate={approximate!r} is not supported; "
+                             f"allowed: {', '.join(map(repr, _GELU_APPROXIMATIONS))}")
+        super().__init__(dispatch_key=dispatch_key)
+        self.approximate = approximate
+
+    def extra_repr(self) -> str:
+        """``approximate``, in the module's ``repr``."""
+        return f"approximate={self.approximate!r}"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Apply the gate; see the class docstring."""
+        result: torch.Tensor = self._forward_impl(x)
+        return result
+
+    def forward_native(self, x: torch.Tensor) -> torch.Tensor:
+        """Reference GELU-and-mul (see the class docstring)."""
+        d = x.shape[-1] // 2
+        return F.gelu(x[..., :d], approximate=self.approximate) * x[..., d:]
+
+
 class FusedMoEOp(CustomOp):
     """``fused_moe``: a mixture-of-experts MLP (router top-k, SwiGLU experts, weighted sum).
 
@@ -571,7 +625,8 @@ class FusedMoEOp(CustomOp):
 #: The built-in op contracts by name: a replacement registered under one of these names
 #: must subclass the class given here.
 BUILTIN_OPS: Mapping[str, type[CustomOp]] = {
-    op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp, FusedMoEOp)
+    op.name: op for op in (RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp, GeluAndMulOp,
+                           FusedMoEOp)
 }
 
 _CONTRACTS = frozenset(BUILTIN_OPS.values())

@@ -1,12 +1,13 @@
 """The engine's built-in custom ops: the SDK's contracts, run as their references.
 
-A model's ``rms_norm``, ``rotary_embedding``, ``silu_and_mul`` and ``fused_moe`` are built from the
-implementation ``engine.core.custom_op_selection`` chooses among every installed one; these
-classes are engine-core's entries and the fallback: each is its contract in
-``engine.sdk.ops`` unchanged, so it runs ``forward_native`` (torch ops) on every device.
-The fast paths are other distributions' entries of the same names, chosen beside any
-third party's: engine-kernels' CPU kernels (``engine.kernels.cpu.ops``) and Triton
-kernels (``engine.kernels.ops``). ``--custom-ops -NAME`` (or ``none``) builds these.
+A model's ``rms_norm``, ``rotary_embedding``, ``silu_and_mul``, ``gelu_and_mul`` and
+``fused_moe`` are built from the implementation ``engine.core.custom_op_selection`` chooses
+among every installed one; these classes are engine-core's entries and the fallback: each
+is its contract in ``engine.sdk.ops`` unchanged, so it runs ``forward_native`` (torch ops)
+on every device. The fast paths are other distributions' entries of the same names, chosen
+beside any third party's: engine-kernels' CPU kernels (``engine.kernels.cpu.ops``) and
+Triton kernels (``engine.kernels.ops``); ``gelu_and_mul`` has none yet. ``--custom-ops
+-NAME`` (or ``none``) builds these.
 
 Each declares that CUDA graphs may record it (``capture_support``, ``engine.sdk.capture``):
 the reference is torch ops a CUDA graph captures; the CPU step graph records native calls
@@ -31,7 +32,14 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from engine.sdk.capture import CaptureContext, GraphKind
-from engine.sdk.ops import CustomOp, FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import (
+    CustomOp,
+    FusedMoEOp,
+    GeluAndMulOp,
+    RMSNormOp,
+    RotaryEmbeddingOp,
+    SiluAndMulOp,
+)
 from engine.sdk.support import Support
 
 
@@ -70,6 +78,15 @@ class SiluAndMul(SiluAndMulOp):
         return _capture_support(self, ctx)
 
 
+class GeluAndMul(GeluAndMulOp):
+    """``gelu_and_mul``: the contract's reference."""
+
+    name: ClassVar[str] = "gelu_and_mul"
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return _capture_support(self, ctx)
+
+
 class FusedMoE(FusedMoEOp):
     """``fused_moe``: the contract's reference, grouped by expert (the CPU path too)."""
 
@@ -83,7 +100,8 @@ class FusedMoE(FusedMoEOp):
 
 #: The class each built-in op is built from when no other implementation is chosen.
 BUILTIN_IMPLEMENTATIONS: Mapping[str, type[CustomOp]] = {
-    op.name: op for op in (RMSNorm, RotaryEmbedding, SiluAndMul, FusedMoE)
+    op.name: op for op in (RMSNorm, RotaryEmbedding, SiluAndMul, GeluAndMul, FusedMoE)
 }
 
-__all__ = ["BUILTIN_IMPLEMENTATIONS", "FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["BUILTIN_IMPLEMENTATIONS", "FusedMoE", "GeluAndMul", "RMSNorm", "RotaryEmbedding",
+           "SiluAndMul"]

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Literal, cast
 
 import torch
 
@@ -42,7 +42,14 @@ from engine.core.model_executor.layers.rope import inv_frequencies
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
-from engine.sdk.ops import CustomOp, FusedMoEOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import (
+    CustomOp,
+    FusedMoEOp,
+    GeluAndMulOp,
+    RMSNormOp,
+    RotaryEmbeddingOp,
+    SiluAndMulOp,
+)
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import LayerInfo, QuantizationConfig
@@ -244,6 +251,15 @@ class LayerFactory:
         """``silu_and_mul``: ``silu(x[..., :d]) * x[..., d:]``."""
         cls = cast(type[SiluAndMulOp], self._op("silu_and_mul"))
         return cls(dispatch_key=self.dispatch_key)
+
+    def gelu_and_mul(self, approximate: Literal["none", "tanh"] = "none") -> GeluAndMulOp:
+        """``gelu_and_mul``: ``gelu(x[..., :d], approximate=approximate) * x[..., d:]``.
+
+        Raises:
+            ValueError: ``approximate`` is neither ``"none"`` nor ``"tanh"``.
+        """
+        cls = cast(type[GeluAndMulOp], self._op("gelu_and_mul"))
+        return cls(approximate, dispatch_key=self.dispatch_key)
 
     def fused_moe(self, prefix: str, num_experts: int, top_k: int, hidden_size: int,
                   intermediate_size: int, *, renormalize: bool = True) -> MoELayer:
