@@ -1,6 +1,6 @@
 """The built-in Phi-3 (``engine.core.model_executor.models.phi3``) end to end.
 
-Two tiny random Phi-3 checkpoints written here from ``transformers.Phi3Config`` (fused
+Two tiny random Phi-3 checkpoints (``engine.testing.models``, kind ``phi3``: fused
 ``qkv_proj`` and ``gate_up_proj`` tensors, grouped-query attention), in float32:
 
 * ``partial``: ``partial_rotary_factor`` 0.75 (12 of 16 elements of each head rotate) and
@@ -18,12 +18,10 @@ refused when the model is built.
 
 from __future__ import annotations
 
-import shutil
 from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 
 from engine.core.model_executor.models.phi3 import Phi3ForCausalLM
 from engine.core.model_selection import choose_model
@@ -31,54 +29,24 @@ from engine.core.plugins import PluginCatalog
 from engine.sdk.groups import MODELS
 from engine.sdk.model import ModelContext
 from engine.testing.model_checks import PROMPTS, SCENARIOS, ModelChecks
+from engine.testing.models import TINY_LLAMA, build_tiny_checkpoint
 from engine.testing.test_plugins import entry_installer
 
 ARCH = "Phi3ForCausalLM"
 WINDOW = 8
 
-TINY_PHI3 = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "vocab_size": 512,
-    "max_position_embeddings": 256,
-    "original_max_position_embeddings": 256,
-    "rms_norm_eps": 1e-6,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
-    "pad_token_id": 0,
-}
 VARIANTS = {
     "partial": {"partial_rotary_factor": 0.75, "tie_word_embeddings": True},
     "window": {"sliding_window": WINDOW},
 }
 
 
-def build_tiny_phi3(path: Path, tokenizer_from: Path, seed: int = 0, **changes: Any) -> Path:
-    """A random Phi-3 checkpoint (``TINY_PHI3`` with ``changes``), with the tiny tokenizer."""
-    from transformers import AutoModelForCausalLM, Phi3Config
-
-    config = Phi3Config(**{**TINY_PHI3, **changes})
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
-        for param in model.parameters():
-            if param.dim() > 1:
-                param.normal_(0.0, 0.08)
-    model.save_pretrained(path, safe_serialization=True)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(tokenizer_from / name, path / name)
-    return path
-
-
 @pytest.fixture(scope="module", params=list(VARIANTS))
-def tiny_phi3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
-              tiny_llama: Path) -> Path:
+def tiny_phi3(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+              ) -> Path:
     name = request.param
-    return build_tiny_phi3(tmp_path_factory.mktemp("tiny") / f"phi3-{name}", tiny_llama,
-                           **VARIANTS[name])
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / f"phi3-{name}", "phi3",
+                                 **VARIANTS[name])
 
 
 @pytest.fixture(scope="module")
@@ -109,7 +77,8 @@ def test_the_engine_serves_phi3_and_a_plugin_takes_precedence(
 def test_long_rope_is_refused_naming_what_is_supported(rope_scaling: dict[str, Any]) -> None:
     from types import SimpleNamespace
 
-    config = SimpleNamespace(**TINY_PHI3, rope_scaling=rope_scaling)
+    config = SimpleNamespace(**TINY_LLAMA, original_max_position_embeddings=256,
+                             rope_scaling=rope_scaling)
     kind = rope_scaling.get("rope_type") or rope_scaling["type"]
     with pytest.raises(ValueError, match=rf"'{kind}'.*not supported.*default, linear, llama3"):
         Phi3ForCausalLM(ModelContext(hf_config=config, layers=None))

@@ -33,6 +33,7 @@ answers ``is_supported`` with that reason so the engine picks another.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import os
 import shutil
@@ -166,7 +167,7 @@ def build_library(name: str, sources: Sources, headers: Sequence[Path] = ()) -> 
                  for path in (*flags, *headers, *sorted(INCLUDE_DIR.glob("*.h")))]
     except OSError as exc:
         raise NativeBuildError(f"building {name}: {exc}") from None
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
+    version = _compiler_version(compiler)
     key = hashlib.sha256("\0".join(
         [*texts, compiler, version, repr((COMPILE_FLAGS, CXX_STANDARD, LINK_FLAGS)),
          repr(sorted((str(p.name), f) for p, f in flags.items())), target_arch(),
@@ -195,6 +196,12 @@ def load_library(name: str, sources: Sources, headers: Sequence[Path] = ()) -> c
         return ctypes.CDLL(str(target))
     except OSError as exc:
         raise NativeBuildError(f"loading {target} failed: {exc}") from None
+
+
+@functools.cache
+def _compiler_version(compiler: str) -> str:
+    """``compiler --version``: asked once per process, whichever libraries it builds."""
+    return subprocess.run([compiler, "--version"], capture_output=True, text=True).stdout
 
 
 def _check_openmp(name: str) -> None:

@@ -30,7 +30,8 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
 
     Kinds: ``llama`` (llama3 rope scaling), ``qwen2`` (q/k/v bias, tied embeddings),
     ``mistral``, ``qwen3`` (per-head q/k norms with random weights, ``head_dim`` 32: not
-    ``hidden_size / num_attention_heads``), ``mixtral`` (4 experts of intermediate size 96,
+    ``hidden_size / num_attention_heads``), ``phi3`` (fused ``qkv_proj`` and
+    ``gate_up_proj`` in the checkpoint), ``mixtral`` (4 experts of intermediate size 96,
     top 2, a router of a wide init spread so that routing is no near-tie), ``qwen3_moe``
     (qwen3's attention; 3 layers, the middle one dense through ``mlp_only_layers``, the
     others of 6 experts of intermediate size 48, top 2, a router as mixtral's; transformers'
@@ -62,6 +63,12 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
         config = MixtralConfig(**{**params, "intermediate_size": 96, "num_local_experts": 4,
                                   "num_experts_per_tok": 2, "sliding_window": None,
                                   "tie_word_embeddings": False, **overrides})
+    elif kind == "phi3":
+        from transformers import Phi3Config
+
+        # pad_token_id: Phi3Config's default (32000) lies outside the tiny vocabulary.
+        config = Phi3Config(**{**params, "original_max_position_embeddings": 256,
+                               "pad_token_id": 0, **overrides})
     elif kind == "qwen3_moe":
         from transformers import Qwen3MoeConfig
 
@@ -72,7 +79,7 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
                                    **overrides})
     else:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral, "
-                         f"qwen3, mixtral or qwen3_moe")
+                         f"qwen3, phi3, mixtral or qwen3_moe")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct

@@ -8,6 +8,7 @@ import os
 import platform as host
 from typing import ClassVar
 
+from engine.core.machine import cpu_flags
 from engine.core.platforms.cuda import CudaPlatform, detect_cuda
 from engine.sdk.attention import AttentionSpec
 from engine.sdk.platform import Platform, PlatformConfig
@@ -23,12 +24,7 @@ CPU_TOKEN_BUDGET = 512
 
 def cpu_supports_bf16() -> bool:
     """True when the CPU has native bfloat16 instructions (avx512_bf16 or AMX)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+    return not {"avx512_bf16", "amx_bf16"}.isdisjoint(cpu_flags().split())
 
 
 class CpuPlatform(Platform):
