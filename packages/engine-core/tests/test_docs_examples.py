@@ -102,6 +102,8 @@ RUN_BY: dict[str, dict[str, str]] = {
         "# src/acme_plugins/gpt2.py": _TESTS + "test_docs_models.py",
         "# tests/test_gpt2.py": _TESTS + "test_docs_models.py",
         "# rope settings of either transformers era": _TESTS + "test_docs_models.py",
+        "# src/acme_plugins/qwen2_moe.py": _TESTS + "test_docs_models.py",
+        "# tests/test_qwen2_moe.py": _TESTS + "test_docs_models.py",
     },
     "platforms.md": {
         "# src/acme_plugins/platform.py": _TESTS + "test_docs_seams.py",
