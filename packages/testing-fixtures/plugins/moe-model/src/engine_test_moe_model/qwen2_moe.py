@@ -100,11 +100,11 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
     def __init__(self, cfg: Any, layers: LayerFactory, prefix: str) -> None:
         super().__init__()
         hidden = cfg.hidden_size
+        renormalize = bool(getattr(cfg, "norm_topk_prob", False))  # Qwen1.5-MoE: false
         self.gate = layers.linear(f"{prefix}.gate", hidden, (cfg.num_experts,))  # replicated
         self.experts = layers.fused_moe(f"{prefix}.experts", cfg.num_experts,
                                         cfg.num_experts_per_tok, hidden,
-                                        cfg.moe_intermediate_size,
-                                        renormalize=bool(cfg.norm_topk_prob))
+                                        cfg.moe_intermediate_size, renormalize=renormalize)
         self.shared_expert = Qwen2MoeMLP(layers, f"{prefix}.shared_expert", hidden,
                                          cfg.shared_expert_intermediate_size)
         self.shared_expert_gate = layers.linear(f"{prefix}.shared_expert_gate", hidden, (1,))
@@ -117,8 +117,8 @@ class Qwen2MoeSparseMoeBlock(nn.Module):
 
 def is_sparse_layer(cfg: Any, index: int) -> bool:
     """transformers' rule for a layer with experts."""
-    return (index not in (cfg.mlp_only_layers or []) and cfg.num_experts > 0
-            and (index + 1) % cfg.decoder_sparse_step == 0)
+    return (index not in (getattr(cfg, "mlp_only_layers", None) or []) and cfg.num_experts > 0
+            and (index + 1) % getattr(cfg, "decoder_sparse_step", 1) == 0)
 
 
 class Qwen2MoeDecoderLayer(nn.Module):
