@@ -64,7 +64,7 @@ YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
 def llama3_cache(rotary_dim: int, max_position: int) -> torch.Tensor:
     inv_freq = inv_frequencies(rotary_dim, {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, max_position)
     return RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, max_position, inv_freq=inv_freq)
 
 

@@ -108,8 +108,7 @@ def rope_frequencies(rotary_dim: int, params: dict[str, Any], max_position: int,
     return RopeFrequencies(inv_freq, 1.0)
 
 
-def inv_frequencies(rotary_dim: int, params: dict[str, Any],
-                    max_position: int = 2048) -> torch.Tensor:
+def inv_frequencies(rotary_dim: int, params: dict[str, Any], max_position: int) -> torch.Tensor:
     """``[rotary_dim / 2]`` float32 inverse frequencies for ``params``, without the factor."""
     return rope_frequencies(rotary_dim, params, max_position).inv_freq
 
