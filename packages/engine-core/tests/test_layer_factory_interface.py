@@ -39,7 +39,7 @@ from engine.sdk.ops import (
 #: engine's own wiring); a new public method must join the SDK protocol or this list.
 ENGINE_ONLY = {"attention_backend", "attention_layers", "backend_options", "block_size",
                "dispatch_key", "dtype", "dtype_name", "linear_kernel_selector",
-               "op_classes", "quant_config", "tp"}
+               "max_model_len", "op_classes", "quant_config", "tp"}
 
 
 def members(cls: type) -> set[str]:
