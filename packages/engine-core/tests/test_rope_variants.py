@@ -210,6 +210,11 @@ def test_qwen3_with_yarn_gives_the_logits_and_tokens_of_transformers(
                 ).logits_and_greedy_tokens()
 
 
+#: All past Phi-3's original context (32).
+LONG_PROMPTS = [list(range(40, 77)), list(range(100, 140)), list(range(200, 233)),
+                list(range(300, 350))]
+
+
 @pytest.fixture(scope="module")
 def tiny_phi3_longrope(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "phi3-longrope", "phi3",
@@ -225,10 +230,15 @@ def test_phi3_with_long_factors_past_the_original_context(tiny_phi3_longrope: Pa
     assert config.max_position_embeddings == MAX_POSITION
     # Every prompt is longer than 32: transformers' every pass uses the long factors, as the
     # engine does serving up to 256 tokens.
-    prompts = [list(range(40, 77)), list(range(100, 140)), list(range(200, 233)),
-               list(range(300, 350))]
-    ModelChecks(tiny_phi3_longrope, Phi3ForCausalLM, prompts=prompts
+    ModelChecks(tiny_phi3_longrope, Phi3ForCausalLM, prompts=LONG_PROMPTS
                 ).logits_and_greedy_tokens()
+
+
+def test_phi3_with_long_factors_in_chunks(tiny_phi3_longrope: Path) -> None:
+    # One cache for every position: chunks of 8 (within 32) rotate as the whole prompt.
+    # (ModelChecks.prefix_cache's prompts of 27 tokens are not for this checkpoint:
+    # transformers rotates them by the short factors, then switches while generating.)
+    ModelChecks(tiny_phi3_longrope, Phi3ForCausalLM, prompts=LONG_PROMPTS).chunked_prefill()
 
 
 def test_phi3_with_short_factors_within_the_original_context(
