@@ -39,7 +39,7 @@ from engine.sdk.ops import (
 #: engine's own wiring); a new public method must join the SDK protocol or this list.
 ENGINE_ONLY = {"attention_backend", "attention_layers", "backend_options", "block_size",
                "dispatch_key", "dtype", "dtype_name", "linear_kernel_selector",
-               "op_classes", "quant_config", "tp"}
+               "max_model_len", "op_classes", "quant_config", "tp"}
 
 
 def members(cls: type) -> set[str]:
@@ -142,6 +142,11 @@ def test_fused_moe_loads_each_ranks_share_of_every_expert() -> None:
     {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0},
     {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
      "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+     "original_max_position_embeddings": 16},
+    {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0] * 4,
+     "long_factor": [2.0] * 4, "original_max_position_embeddings": 16},
+    {"rope_type": "dynamic", "rope_theta": 10000.0, "factor": 2.0},
 ])
 def test_rotary_embedding_takes_the_documented_rope_settings(
         factory: EngineLayerFactory, rope: dict[str, object]) -> None:
@@ -152,10 +157,10 @@ def test_rotary_embedding_takes_the_documented_rope_settings(
 
 
 def test_rotary_embedding_raises_what_it_documents(factory: EngineLayerFactory) -> None:
-    with pytest.raises(ValueError, match="rope_type 'dynamic' is not supported; supported: "
-                                         "default, linear, llama3"):
-        factory.rotary_embedding(8, 8, 64, {"rope_type": "dynamic", "rope_theta": 1e4})
-    with pytest.raises(KeyError, match="factor"):
+    with pytest.raises(ValueError, match="rope_type 'mrope' is not supported; supported: "
+                                         "default, linear, llama3, yarn, longrope, dynamic"):
+        factory.rotary_embedding(8, 8, 64, {"rope_type": "mrope", "rope_theta": 1e4})
+    with pytest.raises(KeyError, match="rope_type 'linear' needs 'factor'"):
         factory.rotary_embedding(8, 8, 64, {"rope_type": "linear", "rope_theta": 1e4})
     with pytest.raises(ValueError, match="rotary_dim must be even"):
         factory.rotary_embedding(8, 7, 64, {"rope_type": "default", "rope_theta": 1e4})

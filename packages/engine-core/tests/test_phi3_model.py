@@ -12,8 +12,8 @@ For each: the prompt's logits are transformers' within 1e-4 and the greedy token
 alone and with chunked prefill, prefix-cache hits and preemption, every block free after
 each; two tensor-parallel ranks on the ``mp`` executor give one rank's tokens (each rank
 cuts its part of q, k, v and of gate, up out of the fused checkpoint tensors); bfloat16 on
-the default CPU path is recorded as a step graph. The 128k checkpoints' ``longrope`` is
-refused when the model is built.
+the default CPU path is recorded as a step graph. The 128k checkpoints' ``longrope`` (also
+``su``) builds; ``test_rope_variants`` checks it against transformers.
 """
 
 from __future__ import annotations
@@ -74,14 +74,25 @@ def test_the_engine_serves_phi3_and_a_plugin_takes_precedence(
      "original_max_position_embeddings": 64},
     {"type": "su", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8},
 ], ids=["longrope", "su"])
-def test_long_rope_is_refused_naming_what_is_supported(rope_scaling: dict[str, Any]) -> None:
+def test_long_rope_configs_are_served(rope_scaling: dict[str, Any]) -> None:
+    """The 128k checkpoints' scaling builds (test_rope_variants: against transformers)."""
+    import math
     from types import SimpleNamespace
 
-    config = SimpleNamespace(**TINY_LLAMA, original_max_position_embeddings=256,
+    import torch
+
+    from engine.core.attention import TorchAttentionBackend
+    from engine.core.model_executor.layers import LayerFactory
+
+    config = SimpleNamespace(**TINY_LLAMA, original_max_position_embeddings=128,
                              rope_scaling=rope_scaling)
-    kind = rope_scaling.get("rope_type") or rope_scaling["type"]
-    with pytest.raises(ValueError, match=rf"'{kind}'.*not supported.*default, linear, llama3"):
-        Phi3ForCausalLM(ModelContext(hf_config=config, layers=None))
+    layers = LayerFactory(dtype=torch.float32, block_size=4,
+                          attention_backend=TorchAttentionBackend)
+    model = Phi3ForCausalLM(ModelContext(hf_config=config, layers=layers))
+    cache = model.layers[0].self_attn.rotary_emb.cos_sin_cache
+    # max_position_embeddings 256 > 128: the long factors, and sqrt(1 + ln 2 / ln 128).
+    factor = math.sqrt(1 + math.log(256 / 128) / math.log(128))
+    assert cache[1, 0].item() == pytest.approx(math.cos(1 / 4.0) * factor, abs=1e-6)
 
 
 def test_prompt_logits_and_greedy_tokens_equal_transformers(checks: ModelChecks) -> None:

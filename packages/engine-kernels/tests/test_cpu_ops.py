@@ -63,11 +63,15 @@ def test_rms_norm_matches_the_reference(dtype: torch.dtype, tokens: int,
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize(("neox", "rotary_dim"), [(True, 64), (False, 64), (True, 32)])
+@pytest.mark.parametrize(("neox", "rotary_dim", "attention_factor"), [
+    (True, 64, 1.0), (False, 64, 1.0), (True, 32, 1.0),
+    (True, 64, 1.1386),  # YaRN's factor 4: cos and sin scaled in the cache
+])
 def test_rotary_embedding_matches_the_reference_bit_for_bit(
-        dtype: torch.dtype, tokens: int, neox: bool, rotary_dim: int) -> None:
+        dtype: torch.dtype, tokens: int, neox: bool, rotary_dim: int,
+        attention_factor: float) -> None:
     gen = torch.Generator().manual_seed(tokens)
-    cache = RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, 4096)
+    cache = RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, 4096) * attention_factor
     fast, ref = (RotaryEmbedding(64, rotary_dim, cache, neox, dispatch_key=key)
                  for key in ("cpu", "native"))
     # The model's layout: query and key are views into one qkv row (strided tokens).

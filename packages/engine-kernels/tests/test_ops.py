@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.core.model_executor.layers.rope import inv_frequencies
+from engine.core.model_executor.layers.rope import cos_sin_cache, inv_frequencies
 from engine.kernels import _jit
 from engine.kernels.ops import RMSNorm, RotaryEmbedding, SiluAndMul
 from engine.sdk.ops import RotaryEmbeddingOp, check_replacement
@@ -57,10 +57,14 @@ def test_rms_norm_and_its_fused_residual_add(dtype: torch.dtype, hidden: int,
     assert new_residual.data_ptr() == residual.data_ptr()  # fused: written in place
 
 
+YARN = {"rope_type": "yarn", "rope_theta": 1e6, "factor": 4.0,
+        "original_max_position_embeddings": 128}
+
+
 def llama3_cache(rotary_dim: int, max_position: int) -> torch.Tensor:
     inv_freq = inv_frequencies(rotary_dim, {
         "rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0, "original_max_position_embeddings": 64})
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64}, max_position)
     return RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, max_position, inv_freq=inv_freq)
 
 
@@ -70,10 +74,12 @@ def llama3_cache(rotary_dim: int, max_position: int) -> torch.Tensor:
     (True, 128, 128, "llama3"),
     (False, 64, 64, "default"),
     (True, 80, 32, "llama3"),   # partial rotation: the rest passes through
+    (True, 128, 96, "yarn"),    # cos and sin scaled by the attention factor (1.14)
 ])
 def test_rotary_embedding(dtype: torch.dtype, is_neox: bool, head_size: int, rotary_dim: int,
                           scaling: str, device: str) -> None:
     cache = (llama3_cache(rotary_dim, 512) if scaling == "llama3" else
+             cos_sin_cache(rotary_dim, 512, YARN) if scaling == "yarn" else
              RotaryEmbeddingOp.default_cos_sin_cache(rotary_dim, 512))
     op = RotaryEmbedding(head_size, rotary_dim, cache, is_neox,
                                dispatch_key="cuda").to(device)

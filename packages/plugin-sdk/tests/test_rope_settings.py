@@ -45,6 +45,28 @@ def test_both_eras_give_the_same_settings() -> None:
     assert rope_settings(old) == rope_settings(new)
 
 
+def test_the_original_context_is_filled_in_as_transformers_5_does() -> None:
+    factors = {"short_factor": [1.0], "long_factor": [2.0]}
+    phi3 = SimpleNamespace(rope_theta=1e4, rope_scaling={"type": "su", **factors},
+                           original_max_position_embeddings=4096,
+                           max_position_embeddings=131072)
+    assert rope_settings(phi3) == {"rope_type": "su", "rope_theta": 1e4, **factors,
+                                   "original_max_position_embeddings": 4096}
+    # The config's attribute wins over the settings' key; without either, the config's
+    # max_position_embeddings; types that do not use it get none.
+    yarn = {"type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    both = SimpleNamespace(rope_scaling=yarn, original_max_position_embeddings=8192)
+    assert rope_settings(both)["original_max_position_embeddings"] == 8192
+    assert rope_settings(SimpleNamespace(rope_scaling=yarn)
+                         )["original_max_position_embeddings"] == 32768
+    bare = SimpleNamespace(rope_scaling={"type": "yarn", "factor": 4.0},
+                           max_position_embeddings=2048)
+    assert rope_settings(bare)["original_max_position_embeddings"] == 2048
+    linear = SimpleNamespace(rope_scaling={"type": "linear", "factor": 2.0},
+                             max_position_embeddings=2048)
+    assert "original_max_position_embeddings" not in rope_settings(linear)
+
+
 def test_a_config_without_rope_settings_gets_the_defaults() -> None:
     assert rope_settings(SimpleNamespace()) == {"rope_type": "default", "rope_theta": 10000.0}
 

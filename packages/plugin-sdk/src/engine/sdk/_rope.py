@@ -14,6 +14,8 @@ from typing import Any
 
 #: The base when a config gives none (transformers' default).
 DEFAULT_ROPE_THETA = 10000.0
+#: Scaling types that need the pretraining context (``original_max_position_embeddings``).
+_NEED_ORIGINAL_CONTEXT = ("llama3", "yarn", "longrope", "su")
 
 
 def rope_settings(config: Any, layer_type: str | None = None) -> dict[str, Any]:
@@ -40,7 +42,11 @@ def rope_settings(config: Any, layer_type: str | None = None) -> dict[str, Any]:
         gives none), the scaling type's own keys as transformers spells them (``factor``,
         ``low_freq_factor``, ``original_max_position_embeddings``, ...), and
         ``partial_rotary_factor`` (a float) only when the config has one: rotate
-        ``int(head_size * partial_rotary_factor)`` elements of each head.
+        ``int(head_size * partial_rotary_factor)`` elements of each head. For the types
+        ``llama3``, ``yarn`` and ``longrope`` (4.x: also ``su``),
+        ``original_max_position_embeddings`` is filled in as transformers 5 does: the
+        config's own attribute of that name first (Phi-3 keeps it there), else the
+        settings' key, else the config's ``max_position_embeddings``.
 
     Raises:
         ValueError: the settings are per layer type and ``layer_type`` is not one of them
@@ -58,6 +64,13 @@ def rope_settings(config: Any, layer_type: str | None = None) -> dict[str, Any]:
     factor = settings.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if factor is not None:
         settings["partial_rotary_factor"] = float(factor)
+    if settings["rope_type"] in _NEED_ORIGINAL_CONTEXT:
+        original = getattr(config, "original_max_position_embeddings", None)
+        if original is None:
+            original = settings.get("original_max_position_embeddings",
+                                    getattr(config, "max_position_embeddings", None))
+        if original is not None:
+            settings["original_max_position_embeddings"] = original
     return settings
 
 

@@ -362,12 +362,25 @@ class LayerFactory(Protocol):
             head_size: Elements per head.
             rotary_dim: Leading elements of each head that rotate (even, <= head_size).
             max_position: Positions covered (the config's ``max_position_embeddings``).
-            rope: The rope settings: ``rope_type`` (``"default"``, ``"linear"`` or
-                ``"llama3"``), ``rope_theta`` (the base), plus the type's own keys
-                (``"linear"``: ``factor``; ``"llama3"``: ``factor``, ``low_freq_factor``,
-                ``high_freq_factor``, ``original_max_position_embeddings``), as
-                transformers spells them; :func:`rope_settings` reads them from a
-                transformers config of either era (other keys are ignored).
+            rope: The rope settings: ``rope_type`` (``"default"``, ``"linear"``,
+                ``"llama3"``, ``"yarn"``, ``"longrope"`` (also read as ``"su"``) or
+                ``"dynamic"``), ``rope_theta`` (the base), plus the type's own keys
+                (``"linear"``, ``"dynamic"``: ``factor``; ``"llama3"``: ``factor``,
+                ``low_freq_factor``, ``high_freq_factor``,
+                ``original_max_position_embeddings``; ``"yarn"``: ``factor``,
+                ``original_max_position_embeddings``, optional ``beta_fast``,
+                ``beta_slow``, ``mscale``, ``mscale_all_dim``, ``attention_factor``,
+                ``truncate``; ``"longrope"``: ``short_factor``, ``long_factor``,
+                ``original_max_position_embeddings``, optional ``factor``,
+                ``attention_factor``), as transformers spells them and with its
+                semantics; :func:`rope_settings` reads them from a transformers config of
+                either era (other keys are ignored). YaRN's and LongRoPE's attention
+                factor scales the cache's cosines and sines. LongRoPE uses its long factors
+                for every position when the engine serves sequences longer than
+                ``original_max_position_embeddings`` (its ``max_model_len``), else the
+                short ones (vLLM's rule; transformers chooses per forward pass).
+                ``"dynamic"`` (NTK) changes nothing below ``max_position``, as in
+                transformers.
             is_neox_style: Rotate halves (NeoX, Llama) or interleaved pairs (GPT-J).
 
         Returns:
@@ -376,7 +389,8 @@ class LayerFactory(Protocol):
         Raises:
             ValueError: an unsupported ``rope_type`` (the message lists the supported
                 ones), or an odd or too large ``rotary_dim``.
-            KeyError: a key the ``rope_type`` needs is missing.
+            KeyError: a key the ``rope_type`` needs is missing (the message names the type,
+                the key and the supported types).
 
         .. versionadded:: 1.1
         """

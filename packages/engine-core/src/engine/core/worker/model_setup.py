@@ -191,6 +191,7 @@ def build_model(
     quant_config: QuantizationConfig | None = None,
     model_choice: ModelChoice | None = None, kernel_selection: KernelSelection = "priority",
     step_tokens: int = DEFAULT_STEP_TOKENS, step_graph: bool = True,
+    max_model_len: int | None = None,
 ) -> BuiltModel:
     """Construct the model on ``device``, load ``weights`` and return it in eval mode.
 
@@ -201,7 +202,8 @@ def build_model(
     linear layer and the embedding its quantize method. ``model_choice`` is the model the
     front end chose (``EngineSetup.model``; default: ``choose_model`` with ``--model-impl
     auto``). ``kernel_selection``, ``step_tokens`` and ``step_graph`` (False under
-    ``--enforce-eager``): see ``make_linear_kernel_selector``.
+    ``--enforce-eager``): see ``make_linear_kernel_selector``. ``max_model_len``
+    (``EngineSetup.max_model_len``) reaches the layer factory (LongRoPE's choice of factors).
     """
     options = plugin_options or {}
     choice = model_choice or choose_model(catalog, architectures_of(hf_config))
@@ -227,7 +229,7 @@ def build_model(
         linear_kernel_selector=make_linear_kernel_selector(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels,
             selection=kernel_selection, step_tokens=step_tokens, step_graph=step_graph),
-        tp=tp, quant_config=quant_config,
+        tp=tp, quant_config=quant_config, max_model_len=max_model_len,
     )
     arch = choice.architecture
     ctx = ModelContext(plugin_name=arch, process="worker", hf_config=hf_config,

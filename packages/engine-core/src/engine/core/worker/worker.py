@@ -101,6 +101,7 @@ class Worker:
             tp=self.tp, custom_ops=setup.custom_ops, quant_config=setup.quant_config,
             model_choice=setup.model, kernel_selection=config.kernel_selection,
             step_tokens=setup.max_num_batched_tokens, step_graph=not setup.enforce_eager,
+            max_model_len=setup.max_model_len,
         )
         layers = self.built.factory.attention_layers
         self._block_bytes = bytes_per_block(layers, self.built.backend, setup.block_size,

@@ -38,7 +38,7 @@ from engine.core.model_executor.layers.builtin_ops import BUILTIN_IMPLEMENTATION
 from engine.core.model_executor.layers.embedding import QuantizedVocabEmbedding, VocabEmbedding
 from engine.core.model_executor.layers.fused_moe import MoELayer
 from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
-from engine.core.model_executor.layers.rope import inv_frequencies
+from engine.core.model_executor.layers.rope import cos_sin_cache
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
 from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
@@ -89,6 +89,8 @@ class LayerFactory:
         linear_kernel_selector: Chooses the linear kernel of each layer (default: the
             ``torch`` kernel; the engine passes one over every installed kernel).
         tp: The tensor-parallel group this worker belongs to (default: one rank).
+        max_model_len: The longest sequence the engine serves (``None``: each rotary
+            layer's ``max_position``); LongRoPE chooses its factors by it (``layers.rope``).
         attention_layers: Filled as attention layers are built: name -> layer.
     """
 
@@ -102,6 +104,7 @@ class LayerFactory:
     linear_kernel_selector: Callable[[LinearKernelConfig], type[LinearKernel]] = field(
         default_factory=lambda: default_kernel_selector)
     tp: TensorParallelGroup = SINGLE
+    max_model_len: int | None = None
     attention_layers: dict[str, Attention] = field(default_factory=dict)
 
     @property
@@ -241,9 +244,7 @@ class LayerFactory:
         *, is_neox_style: bool = True,
     ) -> RotaryEmbeddingOp:
         """``rotary_embedding`` with the cache for ``rope`` (see ``layers.rope``)."""
-        cache = RotaryEmbeddingOp.default_cos_sin_cache(
-            rotary_dim, max_position, inv_freq=inv_frequencies(rotary_dim, dict(rope)),
-        )
+        cache = cos_sin_cache(rotary_dim, max_position, dict(rope), self.max_model_len)
         cls = cast(type[RotaryEmbeddingOp], self._op("rotary_embedding"))
         return cls(head_size, rotary_dim, cache, is_neox_style, dispatch_key=self.dispatch_key)
 

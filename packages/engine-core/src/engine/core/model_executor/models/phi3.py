@@ -16,8 +16,11 @@ What Phi-3 (transformers' ``Phi3Config`` / ``Phi3ForCausalLM``) is, next to
   of each head rotate (``layers.rotary_embedding(head_dim, rotary_dim, ...)``), read by
   ``engine.sdk.layers.rope_settings``;
 * ``rope_scaling`` of type ``longrope`` (4.x configs: also ``su``), of the 128k variants
-  (Phi-3-*-128k, Phi-3.5-mini, Phi-4-mini), is not supported and refused when the model
-  is built; its frequencies switch between two sets with the sequence length;
+  (Phi-3-*-128k, Phi-3.5-mini, Phi-4-mini), with the config's top-level
+  ``original_max_position_embeddings``: its short factors or its long ones for every
+  position, by the engine's ``max_model_len`` against ``original_max_position_embeddings``
+  (vLLM's rule; transformers switches per forward pass; see
+  ``engine.core.model_executor.layers.rope``), and the attention factor on cos and sin;
 * ``resid_pdrop``, ``embd_pdrop`` and ``attention_dropout`` are training-only: ignored.
 
 Like the Llama family, it is built only through the ``LayerFactory`` in the model context
@@ -27,24 +30,8 @@ graph capture apply.
 
 from __future__ import annotations
 
-from engine.core.model_executor.layers.rope import SUPPORTED_ROPE_TYPES
 from engine.core.model_executor.models.llama import LlamaForCausalLM
-from engine.sdk.layers import rope_settings
-from engine.sdk.model import ModelContext
-
-#: Rope scaling types of Phi-3's long-context checkpoints that the engine does not support.
-LONG_ROPE_TYPES = ("longrope", "su")
 
 
 class Phi3ForCausalLM(LlamaForCausalLM):
     """Phi-3 decoder: Llama's modules, fused checkpoint tensors (see the module docstring)."""
-
-    def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
-        rope_type = rope_settings(ctx.hf_config)["rope_type"]
-        if rope_type in LONG_ROPE_TYPES:
-            raise ValueError(
-                f"{type(self).__name__}: rope scaling {rope_type!r} (the 128k-context "
-                f"Phi-3, Phi-3.5 and Phi-4-mini checkpoints) is not supported; supported "
-                f"rope types: {', '.join(SUPPORTED_ROPE_TYPES)} (e.g. Phi-3-mini-4k, whose "
-                f"config has no rope_scaling)")
-        super().__init__(ctx, prefix)
