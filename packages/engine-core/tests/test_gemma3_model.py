@@ -1,30 +1,35 @@
 """The built-in Gemma 3, text only (``engine.core.model_executor.models.gemma3``), end to end.
 
 On engine.testing's tiny random Gemma 3 (kind ``gemma3``: 4 layers, sliding, sliding,
-global, sliding, a window of 8 tokens that the longer prompts (17 to 37 tokens) outgrow;
+global, sliding, a window of 8 tokens that the longer prompts (34 and 37 tokens) outgrow;
 rope per layer type, the global layers' with linear scaling; per-head q/k norms;
 ``1 + weight`` norms of random weights; ``query_pre_attn_scalar`` 24 where ``head_dim`` is
 32; tied embeddings), in float32 on the default CPU attention backend: the prompt's logits
 are transformers' within 1e-4 and the greedy tokens equal, alone and with chunked prefill,
 prefix-cache hits and preemption, every block free after each; two tensor-parallel ranks
-on the ``mp`` executor give one rank's tokens; bfloat16 on the default CPU path is recorded
-as a step graph whose first tokens follow float32 transformers. Which class serves the
-architecture: the engine's, unless a plugin registers one. What it does not serve (the
-multimodal Gemma 3, bidirectional attention) is refused when built.
+on the ``mp`` executor give one rank's tokens. In bfloat16 the prompt's logits stay near
+transformers' bfloat16 ones and the first tokens follow float32 transformers; the model
+runs eagerly there (the built-in ``gelu_and_mul`` is torch ops, which the CPU step graph
+cannot record), which the engine says. Which class serves the architecture: the engine's,
+unless a plugin registers one. What it does not serve (the multimodal Gemma 3,
+bidirectional attention, another activation) is refused when built, naming it.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+import torch
 
 from engine.core.model_executor.models.gemma2 import GemmaMLP
 from engine.core.model_executor.models.gemma3 import Gemma3Attention, Gemma3ForCausalLM
 from engine.core.model_selection import choose_model
 from engine.core.plugins import PluginCatalog
+from engine.kernels.cpu.native import native_kernels
 from engine.sdk.groups import MODELS
 from engine.sdk.model import ModelContext
 from engine.testing.model_checks import SCENARIOS, ModelChecks
@@ -78,41 +83,12 @@ def test_bfloat16_follows_transformers_eagerly_saying_why(
     most) stay within 0.25 of transformers' bfloat16 ones. The built-in ``gelu_and_mul``
     runs torch ops, so the model runs eagerly (the CPU step graph is off, saying why).
     """
-    bfloat16_checks(checks, caplog)
-
-
-def bfloat16_checks(checks: ModelChecks, caplog: pytest.LogCaptureFixture) -> None:
-    """The bfloat16 test of this file (also Gemma 2's)."""
-    import logging
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from engine.core import SamplingParams
-    from engine.kernels.cpu.native import native_kernels
-    from engine.testing.tensor_parallel import capture_logits
-
-    prompt = list(checks.prompts[1])
-    options = {"dtype": "bfloat16", "block_size": 16, "num_kv_blocks": 32,
-               "max_num_batched_tokens": 64}
-    with caplog.at_level(logging.INFO, logger="engine.core.worker.step_graph"), checks.llm(
-            **options) as llm:
-        assert llm.llm_engine.core.worker.model_runner.step_graph is None
-        captured = capture_logits(checks.model_of(llm))
-        llm.generate({"prompt_token_ids": prompt},
-                     SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
-                     use_tqdm=False)
-        logits = torch.cat(sorted(captured, key=lambda t: -t.shape[0]))
-        tokens = checks.run(llm)
-    said = [r.getMessage() for r in caplog.records if "CPU step graph" in r.getMessage()]
+    with caplog.at_level(logging.INFO, logger="engine.core.worker.step_graph"):
+        assert checks.bfloat16_logits(atol=0.25).step_graph is None
     native = native_kernels()
     if native is not None and torch.bfloat16 in native.packed_matmul_dtypes:
+        said = [r.getMessage() for r in caplog.records if "CPU step graph" in r.getMessage()]
         assert said and "gelu_and_mul" in said[0], said  # else: no graph for any model
-    hf = AutoModelForCausalLM.from_pretrained(checks.checkpoint, dtype=torch.bfloat16).eval()
-    with torch.inference_mode():
-        expected = hf(torch.tensor([prompt])).logits[0].float()
-    torch.testing.assert_close(logits, expected, atol=0.25, rtol=0.0)
-    assert [t[:2] for t in tokens] == [t[:2] for t in checks.hf_tokens]
 
 
 class _Layers:
