@@ -20,7 +20,6 @@ them the logits are others.
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 
 import pytest
@@ -29,7 +28,6 @@ from engine.core.model_executor.models.gemma2 import Gemma2ForCausalLM
 from engine.core.model_selection import choose_model
 from engine.core.plugins import PluginCatalog
 from engine.sdk.groups import MODELS
-from engine.sdk.layers import LayerFactory
 from engine.testing.model_checks import SCENARIOS, ModelChecks
 from engine.testing.models import build_tiny_checkpoint
 from engine.testing.test_plugins import entry_installer
@@ -42,15 +40,7 @@ VARIANTS = {
 }
 
 
-#: Whether the SDK's attention takes a soft cap (``logits_soft_cap``, branch attn-options).
-HAS_SOFT_CAP = "logits_soft_cap" in inspect.signature(LayerFactory.attention).parameters
-NEEDS_SOFT_CAP = pytest.mark.xfail(not HAS_SOFT_CAP, reason="needs attn-options",
-                                   strict=False)
-
-
-@pytest.fixture(scope="module", params=[
-    pytest.param(name, marks=() if name == "final_cap" else NEEDS_SOFT_CAP) for name in VARIANTS
-])
+@pytest.fixture(scope="module", params=list(VARIANTS))
 def tiny_gemma2(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
                 ) -> Path:
     name = request.param
