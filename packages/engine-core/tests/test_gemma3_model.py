@@ -69,6 +69,20 @@ def test_prompt_logits_and_greedy_tokens_equal_transformers(checks: ModelChecks)
     assert [spec.sliding_window for spec in specs] == [8, 8, None, 8]
 
 
+def test_an_untied_head_keeps_its_own_weight_and_the_final_norm_its_own(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Untied: only the table is scaled at load; logits and tokens are still transformers'."""
+    path = build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "gemma3-untied", "gemma3",
+                                 tie_word_embeddings=False)
+    from safetensors.torch import load_file
+
+    model = ModelChecks(path, Gemma3ForCausalLM).logits_and_greedy_tokens()
+    stored = load_file(path / "model.safetensors")
+    torch.testing.assert_close(model.norm.weight, stored["model.norm.weight"] + 1)
+    torch.testing.assert_close(model.embed_tokens.weight,
+                               stored["model.embed_tokens.weight"] * 64**0.5)
+
+
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
 def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenario: str) -> None:
     getattr(checks, scenario)()
