@@ -15,7 +15,7 @@ alone and with chunked prefill, prefix-cache hits and preemption, every block fr
 each; two tensor-parallel ranks on the ``mp`` executor give one rank's tokens. In bfloat16
 the prompt's logits stay near transformers' bfloat16 ones and the first tokens follow
 float32 transformers (eagerly, as Gemma 3: ``test_gemma3_model``). The caps matter: without
-them the logits are others.
+them the logits are others. Bidirectional attention is refused when built.
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from engine.core.model_executor.models.gemma2 import Gemma2ForCausalLM
 from engine.core.model_selection import choose_model
 from engine.core.plugins import PluginCatalog
 from engine.sdk.groups import MODELS
+from engine.sdk.model import ModelContext
 from engine.testing.model_checks import SCENARIOS, ModelChecks
 from engine.testing.models import build_tiny_checkpoint
 from engine.testing.test_plugins import entry_installer
@@ -104,3 +105,12 @@ def test_the_soft_caps_matter(tiny_gemma2: Path, tmp_path: Path) -> None:
             with torch.inference_mode():
                 logits[path] = hf(prompt).logits[0]
         assert (logits[tiny_gemma2] - logits[uncapped]).abs().max() > 0.05, key
+
+
+def test_bidirectional_attention_is_refused_by_name(tiny_gemma2: Path) -> None:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(tiny_gemma2)
+    config.use_bidirectional_attention = True
+    with pytest.raises(ValueError, match="use_bidirectional_attention is not supported"):
+        Gemma2ForCausalLM(ModelContext(hf_config=config, layers=None))

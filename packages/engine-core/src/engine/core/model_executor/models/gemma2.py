@@ -29,12 +29,18 @@ whose weight loading and fused q/k/v, gate/up layers it reuses):
   ``sliding_window`` on the ``sliding_attention`` layers of ``layer_types`` (transformers'
   default: the even layers), global attention on the others;
 * logit soft-capping: ``attn_logit_softcapping`` (``cap * tanh(scores / cap)`` before the
-  softmax, passed to ``layers.attention(..., logits_soft_cap=...)``) and
+  softmax, passed to ``layers.attention(..., logits_soft_cap=...)``, which the ``cpu``
+  and ``torch`` attention backends serve and a backend that does not is refused for) and
   ``final_logit_softcapping`` (the same on the LM head's logits, in ``compute_logits``:
   elementwise, so each tensor-parallel rank may cap its own shard).
 
 Refused when built: ``use_bidirectional_attention`` (the encoder variants) and a hidden
-activation other than the two GELUs.
+activation other than the two GELUs; when loaded, an embedding table that is not floating
+point (it could not be scaled). A loader that hands over norm weights already holding the
+``+ 1`` (llama.cpp's GGUF files) must subtract it first. The model's own modules all
+declare themselves capturable; where the ``gelu_and_mul`` op chosen has no native CPU
+kernel (the built-in one is torch ops), the CPU step graph says so and the pass runs
+eagerly.
 """
 
 from __future__ import annotations
