@@ -190,6 +190,37 @@ class ModelChecks:
             assert self.run(llm) == graph_tokens
         assert [t[:2] for t in graph_tokens] == [t[:2] for t in self.hf_tokens]
 
+    def bfloat16_logits(self, atol: float) -> Any:
+        """bfloat16 (graph or eager): prompt logits within ``atol`` of transformers' bfloat16.
+
+        For a model that may not be recorded as a step graph (``bfloat16_step_graph``
+        needs one); the logits are those of ``prompts[1]``, and the first two greedy
+        tokens of every prompt still follow float32 transformers. Returns the engine's
+        model runner (its ``step_graph``: whether the pass was recorded).
+        """
+        from transformers import AutoModelForCausalLM
+
+        from engine.core import SamplingParams
+
+        prompt = list(self.prompts[1])
+        options = {"dtype": "bfloat16", "block_size": 16, "num_kv_blocks": 32,
+                   "max_num_batched_tokens": 64}
+        with self.llm(**options) as llm:
+            runner = llm.llm_engine.core.worker.model_runner
+            assert type(runner.model) is self.model_cls
+            captured = capture_logits(runner.model)
+            llm.generate({"prompt_token_ids": prompt},
+                         SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0),
+                         use_tqdm=False)
+            logits = torch.cat(sorted(captured, key=lambda t: -t.shape[0]))
+            tokens = self.run(llm)
+        hf = AutoModelForCausalLM.from_pretrained(self.checkpoint, dtype=torch.bfloat16).eval()
+        with torch.inference_mode():
+            expected = hf(torch.tensor([prompt])).logits[0].float()
+        torch.testing.assert_close(logits, expected, atol=atol, rtol=0.0)
+        assert [t[:2] for t in tokens] == [t[:2] for t in self.hf_tokens]
+        return runner
+
     def _greedy(self) -> Any:
         from engine.core import SamplingParams
 

@@ -35,8 +35,13 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
     top 2, a router of a wide init spread so that routing is no near-tie), ``qwen3_moe``
     (qwen3's attention; 3 layers, the middle one dense through ``mlp_only_layers``, the
     others of 6 experts of intermediate size 48, top 2, a router as mixtral's; transformers'
-    default ``norm_topk_prob`` unless overridden). Returns ``path``
-    (config.json +
+    default ``norm_topk_prob`` unless overridden), ``gemma2`` (4 layers, sliding window 8
+    on the even ones, ``head_dim`` 32, ``query_pre_attn_scalar`` 24, final logit soft cap
+    4 and attention logit soft cap 2: small enough to matter; tied embeddings), ``gemma3``
+    (text only: 4 layers of ``layer_types`` sliding, sliding, full, sliding with window 8,
+    per-type rope (full: linear scaling 2, base 1e5; sliding: base 1e4), ``head_dim`` 32,
+    per-head q/k norms, tied embeddings). Gemma's norms scale by ``1 + weight``: their
+    weights are drawn from [-0.5, 0.5] so that they matter. Returns ``path`` (config.json +
     model.safetensors + a byte-level tokenizer).
     """
     import torch
@@ -77,22 +82,52 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
                                    "moe_intermediate_size": 48, "mlp_only_layers": [1],
                                    "decoder_sparse_step": 1, "tie_word_embeddings": False,
                                    **overrides})
+    elif kind in ("gemma2", "gemma3"):
+        config = _gemma_config(kind, params, overrides)
     else:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral, "
-                         f"qwen3, phi3, mixtral or qwen3_moe")
+                         f"qwen3, phi3, mixtral, qwen3_moe, gemma2 or gemma3")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
         for name, param in model.named_parameters():
             if kind in ("mixtral", "qwen3_moe") and name.endswith(".gate.weight"):
                 param.normal_(0.0, 0.5)  # decisive routing: no top-k near-ties
+            elif kind in ("gemma2", "gemma3") and name.endswith("embed_tokens.weight"):
+                param.normal_(0.0, 0.15)  # the tied head's logits: spread, not flat
             elif param.dim() > 1:
                 param.normal_(0.0, 0.08)
             elif kind in ("qwen3", "qwen3_moe") and name.endswith("_norm.weight"):
                 param.uniform_(0.5, 1.5)  # the per-head norms matter
+            elif kind in ("gemma2", "gemma3") and name.endswith("norm.weight"):
+                param.uniform_(-0.5, 0.5)  # scales of 1 + weight: 0.5 to 1.5
     model.save_pretrained(path, safe_serialization=True)
     _write_tokenizer(path, config.vocab_size)
     return path
+
+
+def _gemma_config(kind: str, params: dict[str, Any], overrides: dict[str, Any]) -> Any:
+    """The tiny Gemma 2 or Gemma 3 (text) config of :func:`build_tiny_checkpoint`."""
+    common = {**params, "num_hidden_layers": 4, "head_dim": 32, "sliding_window": 8,
+              "query_pre_attn_scalar": 24, "hidden_activation": "gelu_pytorch_tanh",
+              "pad_token_id": 0, "tie_word_embeddings": True}
+    if kind == "gemma2":
+        from transformers import Gemma2Config
+
+        return Gemma2Config(**{**common, "final_logit_softcapping": 4.0,
+                               "attn_logit_softcapping": 2.0, **overrides})
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(**{
+        **common,
+        "layer_types": ["sliding_attention", "sliding_attention", "full_attention",
+                        "sliding_attention"],
+        "rope_parameters": {
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e5},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        **overrides,
+    })
 
 
 #: The throughput benchmark's model: ~102M parameters (DEVELOPERS' benchmark workload).

@@ -10,6 +10,10 @@ Grouped-query attention is folded into the query axis: the ``G = heads / kv_head
 heads that share a KV head become ``G`` times as many query rows of that KV head
 (``[n, kv_heads, G * Q, D]``), so the keys and values are never repeated per query head
 (``enable_gqa`` does that on the CPU: ~3x slower for a 12/4-head decode step, measured).
+
+A layer with a logit soft cap (``spec.logits_soft_cap``) cannot use SDPA, which has no hook
+between the scores and the softmax: its groups run the same product written out
+(``_capped_attention``: scores, ``cap * tanh(scores / cap)``, the mask, a float32 softmax).
 """
 
 from __future__ import annotations
@@ -99,8 +103,12 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             q = query[group.q_index.view(-1)].view(n, q_len, num_kv_heads, -1, head_size)
             groups = q.shape[3]
             q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, groups * q_len, head_size)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
-                                                 scale=self.params.scale)
+            cap = self.params.spec.logits_soft_cap
+            if cap is None:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
+                                                     scale=self.params.scale)
+            else:
+                out = _capped_attention(q, k, v, group.mask, self.params.scale, cap)
             # [n, KVH, G * Q, D] -> [n * Q, H * D]
             out = out.view(n, num_kv_heads, groups, q_len, head_size).permute(0, 3, 1, 2, 4)
             out = out.reshape(n * q_len, -1)
@@ -113,6 +121,22 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             return Support.no("SDPA over gathered blocks is torch compute, which the CPU step "
                               "graph cannot replay (the cpu backend can be recorded)")
         return super().capture_support(ctx)
+
+
+def _capped_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                      mask: torch.Tensor | None, scale: float, cap: float) -> torch.Tensor:
+    """SDPA with the scores capped: ``softmax(mask(cap * tanh(q k^T * scale / cap))) v``.
+
+    As transformers' eager Gemma 2 attention: the product in the inputs' dtype, the cap and
+    the softmax in float32, the probabilities back in ``v``'s dtype for the weighted sum.
+    ``mask`` (boolean, True = visible) broadcasts over the scores ``[n, KVH, rows, L]``.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1).to(v.dtype)
+    return torch.matmul(probs, v)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor,
@@ -134,6 +158,7 @@ class TorchAttentionBackend(AttentionBackend):
 
     name: ClassVar[str] = "torch"
     cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.NEVER
+    answered_spec_fields: ClassVar[frozenset[str]] = frozenset({"logits_soft_cap"})
 
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl[Any]]:
@@ -164,4 +189,4 @@ class TorchAttentionBackend(AttentionBackend):
         if spec.num_heads % spec.num_kv_heads:
             return Support.no(f"num_heads {spec.num_heads} is not a multiple of num_kv_heads "
                               f"{spec.num_kv_heads}")
-        return Support.yes()
+        return Support.yes()  # any sliding window and logits_soft_cap

@@ -1,0 +1,263 @@
+"""Gemma 2 (transformers' ``Gemma2ForCausalLM``), built only through ``ctx.layers``.
+
+What Gemma 2 is next to the Llama family (:mod:`engine.core.model_executor.models.llama`,
+whose weight loading and fused q/k/v, gate/up layers it reuses):
+
+* RMSNorms that scale by ``1 + weight`` (computed in float32 by transformers). The
+  engine's ``rms_norm`` op scales by ``weight``, so each checkpoint norm weight is loaded
+  as ``weight + 1`` (added in float32, stored in the model dtype), the convention
+  llama.cpp's Gemma GGUF files already store. In bfloat16 that rounds ``1 + weight`` to
+  the model dtype, and the op multiplies in it: a rounding transformers does not make
+  (its float32 product is rounded once); the greedy tokens still follow it;
+* four norms per layer, transformers' residual pattern::
+
+      h = h + post_attention_layernorm(attn(input_layernorm(h)))
+      h = h + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(h)))
+
+  with the residual adds fused into ``input_layernorm`` and ``pre_feedforward_layernorm``;
+* the embeddings scaled by ``hidden_size ** 0.5`` rounded to the model dtype (as
+  transformers casts the normaliser). A step graph records no elementwise product, so the
+  table is scaled once, when loaded: the lookup of a scaled row is the product
+  transformers computes, bit for bit. The LM head is tied to that table, so the final
+  norm's weight is divided by the same scale at load (the head then computes
+  ``(y / s) (s W)^T = y W^T``, equal up to rounding): ``forward`` returns the final hidden
+  states divided by the scale, which only ``compute_logits`` reads. An untied head keeps
+  its own weight and the final norm its own;
+* the MLP ``down(gelu_tanh(gate(x)) * up(x))`` (``hidden_activation``
+  ``gelu_pytorch_tanh``; ``gelu`` is the exact one) through ``layers.gelu_and_mul``;
+* attention scaled by ``query_pre_attn_scalar ** -0.5``, ``head_dim`` from the config;
+  ``sliding_window`` on the ``sliding_attention`` layers of ``layer_types`` (transformers'
+  default: the even layers), global attention on the others;
+* logit soft-capping: ``attn_logit_softcapping`` (``cap * tanh(scores / cap)`` before the
+  softmax, passed to ``layers.attention(..., logits_soft_cap=...)``, which the ``cpu``
+  and ``torch`` attention backends serve and a backend that does not is refused for) and
+  ``final_logit_softcapping`` (the same on the LM head's logits, in ``compute_logits``:
+  elementwise, so each tensor-parallel rank may cap its own shard).
+
+Refused when built: ``use_bidirectional_attention`` (the encoder variants) and a hidden
+activation other than the two GELUs; when loaded, an embedding table that is not floating
+point (it could not be scaled). A loader that hands over norm weights already holding the
+``+ 1`` (llama.cpp's GGUF files) must subtract it first. The model's own modules all
+declare themselves capturable; where the ``gelu_and_mul`` op chosen has no native CPU
+kernel (the built-in one is torch ops), the CPU step graph says so and the pass runs
+eagerly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.core.model_executor.models.llama import LlamaForCausalLM
+from engine.sdk.layers import LayerFactory, rope_settings
+from engine.sdk.model import ModelContext
+
+SLIDING = "sliding_attention"
+FULL = "full_attention"
+#: ``hidden_activation`` -> ``gelu_and_mul``'s ``approximate``.
+ACTIVATIONS = {"gelu_pytorch_tanh": "tanh", "gelu": "none"}
+
+
+def gemma_layer_types(config: Any, sliding_every: int = 2) -> list[str]:
+    """Each layer's attention kind: the config's ``layer_types``, else the old pattern.
+
+    Without ``layer_types`` (transformers 4.x configs) every ``sliding_every``-th layer
+    (counting from 1) is global and the others slide: Gemma 2 alternates (2), Gemma 3's
+    ``sliding_window_pattern`` is 6.
+    """
+    count = config.num_hidden_layers
+    types = getattr(config, "layer_types", None)
+    if types is None:
+        types = [FULL if (i + 1) % sliding_every == 0 else SLIDING for i in range(count)]
+    types = list(types)
+    unknown = sorted(set(types) - {SLIDING, FULL})
+    if len(types) != count or unknown:
+        raise ValueError(f"layer_types must name {count} layers, each {SLIDING!r} or "
+                         f"{FULL!r}; got {types!r}")
+    return types
+
+
+class GemmaAttention(nn.Module):
+    """Gemma attention: Llama's fused q/k/v and o projections, Gemma's scale and window."""
+
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str, layer_type: str) -> None:
+        super().__init__()
+        total_heads = config.num_attention_heads
+        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
+        self.head_dim = int(getattr(config, "head_dim", None)
+                            or config.hidden_size // total_heads)
+        total_q, total_kv = total_heads * self.head_dim, total_kv_heads * self.head_dim
+        bias = bool(getattr(config, "attention_bias", False))
+        self.qkv_proj = layers.linear(
+            f"{prefix}.qkv_proj", config.hidden_size, (total_q, total_kv, total_kv),
+            bias=bias, parallel="column", head_size=self.head_dim,
+        )
+        self.q_size, self.kv_size, _ = self.qkv_proj.output_partition_sizes
+        self.num_heads = self.q_size // self.head_dim
+        self.num_kv_heads = self.kv_size // self.head_dim
+        self.o_proj = layers.linear(f"{prefix}.o_proj", total_q, (config.hidden_size,),
+                                    bias=bias, parallel="row")
+        self.rotary_emb = layers.rotary_embedding(
+            self.head_dim, self.head_dim, config.max_position_embeddings,
+            self.rope(config, layer_type),
+        )
+        window = config.sliding_window if layer_type == SLIDING else None
+        cap = self.logits_soft_cap(config)
+        extra = {} if cap is None else {"logits_soft_cap": float(cap)}
+        self.attn = layers.attention(
+            f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_size=self.head_dim, scale=float(config.query_pre_attn_scalar) ** -0.5,
+            sliding_window=window, **extra,
+        )
+
+    def rope(self, config: Any, layer_type: str) -> dict[str, Any]:
+        """This layer's rope settings: Gemma 2 has one set for every layer."""
+        return rope_settings(config)
+
+    def logits_soft_cap(self, config: Any) -> float | None:
+        """The attention scores' soft cap: Gemma 2's ``attn_logit_softcapping``."""
+        cap = getattr(config, "attn_logit_softcapping", None)
+        return None if cap is None else float(cap)
+
+    def per_head(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The step on q and k (``[tokens, heads, head_dim]``) before the rotation: none."""
+        return q, k
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: Any) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden)
+        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
+        num_tokens = hidden.shape[0]
+        q, k = self.rotary_emb(positions, *self.per_head(
+            q.reshape(num_tokens, self.num_heads, self.head_dim),
+            k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
+        ))
+        out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
+                        v.contiguous(), metadata)
+        projected: torch.Tensor = self.o_proj(out)
+        return projected
+
+
+class GemmaMLP(nn.Module):
+    """``down(gelu(gate(x)) * up(x))`` with gate and up fused into one column-parallel matmul."""
+
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str) -> None:
+        super().__init__()
+        act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+        if act not in ACTIVATIONS:
+            raise ValueError(f"{prefix}: hidden_activation {act!r} is not supported; "
+                             f"supported: {', '.join(ACTIVATIONS)}")
+        size = config.intermediate_size
+        self.gate_up_proj = layers.linear(f"{prefix}.gate_up_proj", config.hidden_size,
+                                          (size, size), parallel="column")
+        self.down_proj = layers.linear(f"{prefix}.down_proj", size, (config.hidden_size,),
+                                       parallel="row")
+        self.act = layers.gelu_and_mul(approximate="tanh" if ACTIVATIONS[act] == "tanh"
+                                       else "none")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(self.act(self.gate_up_proj(x)))
+        return out
+
+
+class Gemma2DecoderLayer(nn.Module):
+    """Attention and MLP, each between a pre- and a post-norm (module docstring)."""
+
+    #: The attention module of each layer (Gemma 3's adds q/k norms).
+    attention_cls: type[GemmaAttention] = GemmaAttention
+
+    def __init__(self, config: Any, layers: LayerFactory, prefix: str, layer_type: str) -> None:
+        super().__init__()
+        size, eps = config.hidden_size, config.rms_norm_eps
+        self.input_layernorm = layers.rms_norm(size, eps)
+        self.self_attn = self.attention_cls(config, layers, f"{prefix}.self_attn", layer_type)
+        self.post_attention_layernorm = layers.rms_norm(size, eps)
+        self.pre_feedforward_layernorm = layers.rms_norm(size, eps)
+        self.mlp = GemmaMLP(config, layers, f"{prefix}.mlp")
+        self.post_feedforward_layernorm = layers.rms_norm(size, eps)
+
+    def forward(
+        self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
+        metadata: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(hidden, residual)`` in, the same out: the layer's input is their sum."""
+        if residual is None:
+            residual = hidden.clone()  # rms_norm replacements may normalise in place
+            hidden = self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, metadata))
+        hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
+        out: torch.Tensor = self.post_feedforward_layernorm(self.mlp(hidden))
+        return out, residual
+
+
+class Gemma2ForCausalLM(LlamaForCausalLM):
+    """Gemma 2 decoder (see the module docstring); Llama's forward pass and loader."""
+
+    #: The decoder layer, built as ``cls(config, layers, prefix, layer_type)``.
+    gemma_layer_cls: type[Gemma2DecoderLayer] = Gemma2DecoderLayer
+
+    def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
+        nn.Module.__init__(self)
+        config = ctx.hf_config
+        self.check_config(config)
+        layers = ctx.layers
+        if layers is None:
+            raise ValueError(f"{type(self).__name__} is built with the engine's layer factory "
+                             f"(ModelContext.layers), got None")
+        self.config = config
+        self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
+                                             config.hidden_size)
+        self.layers = nn.ModuleList(
+            self.gemma_layer_cls(config, layers, f"model.layers.{i}", layer_type)
+            for i, layer_type in enumerate(self.layer_types(config))
+        )
+        self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
+        self.lm_head = layers.linear("lm_head", config.hidden_size, (config.vocab_size,),
+                                     kind="lm_head", parallel="column")
+        cap = getattr(config, "final_logit_softcapping", None)
+        self.final_logit_softcapping = None if cap is None else float(cap)
+
+    def check_config(self, config: Any) -> None:
+        """Refuse what this class does not serve (clear errors, before any layer is built)."""
+        if getattr(config, "use_bidirectional_attention", None):
+            raise ValueError(f"{type(self).__name__}: use_bidirectional_attention is not "
+                             f"supported; the engine serves Gemma as a causal decoder")
+
+    def layer_types(self, config: Any) -> list[str]:
+        """Each layer's attention kind (Gemma 2 without ``layer_types``: alternating)."""
+        return gemma_layer_types(config, sliding_every=2)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        logits = super().compute_logits(hidden_states)
+        cap = self.final_logit_softcapping
+        if cap is None:
+            return logits
+        return torch.tanh(logits / cap) * cap
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Llama's loader on Gemma's tensors: norms as ``1 + weight``, the table scaled."""
+        return super().load_weights(self._gemma_tensors(weights))
+
+    def _gemma_tensors(self, weights: Iterable[tuple[str, torch.Tensor]]
+                       ) -> Iterator[tuple[str, torch.Tensor]]:
+        dtype = self.norm.weight.dtype
+        # transformers casts the normaliser to the model dtype (sqrt(3072) -> 55.5 in bf16).
+        scale = torch.tensor(self.config.hidden_size ** 0.5, dtype=dtype)
+        for name, tensor in weights:
+            if name == "model.embed_tokens.weight":
+                if not tensor.is_floating_point():
+                    raise ValueError(f"{type(self).__name__}: the embedding table "
+                                     f"{name!r} is {tensor.dtype}; Gemma scales it by "
+                                     f"sqrt(hidden_size) when loaded, which needs a "
+                                     f"floating-point table")
+                tensor = tensor.to(dtype) * scale
+            elif name.endswith("norm.weight"):
+                tensor = tensor.float() + 1.0
+                if name == "model.norm.weight" and self.tie_word_embeddings:
+                    tensor = tensor / scale.float()  # the tied head reads the scaled table
+            yield name, tensor
