@@ -11,7 +11,8 @@ q/k rows, Gemma's ``1 + w`` norms, the converter's metadata keys). Then:
   checkpoint; on a Q8_0 file, dequantized and with ``--quantization gguf`` (the
   matrices kept as Q8_0 blocks; the experts dequantized at load), transformers' on the
   checkpoint with every matrix rounded through Q8_0 (``round_trip_checkpoint``);
-* Gemma 2/3 (whose engine models live elsewhere): config and names and values only;
+* Gemma 2/3 (whose engine models live elsewhere): config, names and values only (the
+  tensors also equal what transformers' own GGUF loader makes of the file);
 * what cannot load fails with a reason.
 """
 
@@ -234,6 +235,13 @@ def test_gemma_config_names_and_norms(tmp_path: Path, kind: str) -> None:
             torch.testing.assert_close(loaded[name], tensor, rtol=0, atol=1e-7)
         else:
             assert torch.equal(loaded[name], tensor), name
+    # transformers' own GGUF loader (which also subtracts 1 from Gemma's norms) agrees.
+    from transformers import AutoModelForCausalLM
+
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file=path.name,
+                                                     dtype=torch.float32).state_dict()
+    for name, tensor in loaded.items():
+        assert torch.equal(tensor, reference[name]), name
 
 
 def test_gemma_27b_query_scale(tmp_path: Path) -> None:
@@ -252,35 +260,56 @@ def test_gemma_27b_query_scale(tmp_path: Path) -> None:
 # -- what cannot load -------------------------------------------------------------------------
 
 
-def test_phi3_long_rope_factors_are_refused(tmp_path: Path) -> None:
-    # llama.cpp stores LongRoPE (128k Phi-3) as two tensors and no rope scaling type.
-    writer = gguf.GGUFWriter(str(tmp_path / "long.gguf"), "phi3")
-    for key, value in (("block_count", 1), ("embedding_length", 64), ("context_length", 64),
-                       ("feed_forward_length", 64), ("attention.head_count", 4),
-                       ("vocab_size", 64)):
-        writer.add_uint32(f"phi3.{key}", value)
-    writer.add_tensor("rope_factors_long.weight", np.ones(8, np.float32))
+def metadata_file(path: Path, arch: str, keys: dict[str, int | bool],
+                  tensors: tuple[str, ...]) -> Path:
+    """A GGUF file of ``arch`` with integer (or bool) ``keys`` and small zero ``tensors``."""
+    writer = gguf.GGUFWriter(str(path), arch)
+    base = {"block_count": 2, "embedding_length": 64, "context_length": 64,
+            "feed_forward_length": 64, "attention.head_count": 4, "vocab_size": 64}
+    for key, value in {**base, **keys}.items():
+        if isinstance(value, bool):
+            writer.add_bool(f"{arch}.{key}", value)
+        else:
+            writer.add_uint32(f"{arch}.{key}", value)
+    for name in tensors:
+        writer.add_tensor(name, np.zeros((4, 64), np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_phi3_long_rope_factors_are_refused(tmp_path: Path) -> None:
+    # llama.cpp stores LongRoPE (128k Phi-3) as two tensors and no rope scaling type.
+    path = metadata_file(tmp_path / "long.gguf", "phi3", {}, ("rope_factors_long.weight",))
     with pytest.raises(UnsupportedError, match="LongRoPE factors"):
-        load_gguf_config(tmp_path / "long.gguf")
+        load_gguf_config(path)
 
 
 def test_llama_experts_in_some_layers_only_are_refused(tmp_path: Path) -> None:
-    writer = gguf.GGUFWriter(str(tmp_path / "partial.gguf"), "llama")
-    for key, value in (("block_count", 2), ("embedding_length", 64), ("context_length", 64),
-                       ("feed_forward_length", 64), ("attention.head_count", 4),
-                       ("expert_count", 4), ("expert_used_count", 2), ("vocab_size", 64)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_tensor("blk.0.ffn_gate_inp.weight", np.zeros((4, 64), np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = metadata_file(tmp_path / "partial.gguf", "llama",
+                         {"expert_count": 4, "expert_used_count": 2},
+                         ("blk.0.ffn_gate_inp.weight",))
     with pytest.raises(UnsupportedError, match=r"layers without experts \(\[1\]\)"):
-        load_gguf_config(tmp_path / "partial.gguf")
+        load_gguf_config(path)
+
+
+@pytest.mark.parametrize("norm", [None, False, True])
+def test_qwen3moe_dense_layers_and_renormalisation(tmp_path: Path, norm: bool | None) -> None:
+    # Layers without a router are dense (mlp_only_layers); top-k weights renormalised
+    # unless the file says otherwise (llama.cpp's qwen3moe graph always renormalises).
+    keys: dict[str, int | bool] = {"block_count": 3, "expert_count": 4,
+                                   "expert_used_count": 2, "expert_feed_forward_length": 32}
+    if norm is not None:
+        keys["expert_weights_norm"] = norm
+    path = metadata_file(tmp_path / "moe.gguf", "qwen3moe", keys,
+                         ("blk.0.ffn_gate_inp.weight", "blk.2.ffn_gate_inp.weight"))
+    config = load_gguf_config(path)
+    assert config.mlp_only_layers == [1]
+    assert (config.num_experts, config.num_experts_per_tok, config.moe_intermediate_size) == (
+        4, 2, 32)
+    assert config.norm_topk_prob is (True if norm is None else norm)
 
 
 def test_stacked_expert_tensors_load_and_wrong_shapes_are_refused() -> None:

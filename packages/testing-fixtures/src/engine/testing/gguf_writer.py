@@ -1,7 +1,8 @@
 """A Hugging Face checkpoint written as llama.cpp's ``convert_hf_to_gguf.py`` writes it.
 
-For GGUF tests: the file's metadata, names and tensor layout follow llama.cpp's converter,
-not the engine's loader, so a test that loads the file back checks the loader's mapping:
+The one converter of the GGUF tests (loader, ``gguf`` quantization, architectures). The
+file's metadata, names and tensor layout follow llama.cpp's converter, not the engine's
+loader, so a test that loads the file back checks the loader's mapping:
 
 * tensor names come from ``gguf``'s own table (``gguf.get_tensor_name_map``, the one the
   converter uses), never from the engine;
@@ -63,8 +64,9 @@ def store(array: np.ndarray, qtype: QT) -> tuple[np.ndarray, QT | None]:
 
 def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     """llama.cpp's ``LlamaModel.permute``: each head's rows from halves to pairs."""
-    permuted: np.ndarray = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
-    return permuted.swapaxes(1, 2).reshape(w.shape)
+    pairs = w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:])
+    permuted: np.ndarray = pairs.swapaxes(1, 2).reshape(w.shape)
+    return permuted
 
 
 def converter_tensors(config: Any, state: dict[str, torch.Tensor]
