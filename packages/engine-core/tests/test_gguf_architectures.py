@@ -182,6 +182,22 @@ def test_q8_0_file_equals_transformers_on_rounded_weights(
     assert bool(experts) == (files["kind"] in ("mixtral", "qwen3_moe"))
 
 
+def test_phi3_partial_rotary_factor_and_window(tmp_path: Path) -> None:
+    # Phi-4-mini rotates part of each head: llama.cpp writes rope.dimension_count.
+    from transformers import Phi3Config
+
+    config = Phi3Config(vocab_size=64, hidden_size=64, intermediate_size=64,
+                        num_hidden_layers=1, num_attention_heads=4, pad_token_id=0,
+                        partial_rotary_factor=0.75, sliding_window=32,
+                        max_position_embeddings=128, original_max_position_embeddings=64)
+    loaded = load_gguf_config(write_gguf(tmp_path / "p.gguf", config, {}))
+    assert loaded.partial_rotary_factor == 0.75
+    assert (loaded.sliding_window, loaded.original_max_position_embeddings) == (32, 64)
+    config.sliding_window = None  # written as 0
+    loaded = load_gguf_config(write_gguf(tmp_path / "p0.gguf", config, {}))
+    assert loaded.sliding_window is None
+
+
 # -- Gemma 2 / 3: the config and the tensors (the engine's models are built elsewhere) -------
 
 

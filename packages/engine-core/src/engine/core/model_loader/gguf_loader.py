@@ -40,6 +40,7 @@ weights; the ``gguf`` method serves linear layers and the embedding only).
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Generator
@@ -58,6 +59,8 @@ from engine.core.model_loader._gguf_reader import field_value, get_value, open_g
 from engine.core.model_loader.gguf_architectures import LLAMA_LAYER_NAMES
 from engine.core.model_loader.gguf_config import gguf_architecture, gguf_config_from_reader
 from engine.sdk.errors import UnsupportedError
+
+logger = logging.getLogger(__name__)
 
 GGUF_TO_HF_GLOBAL: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -251,6 +254,11 @@ def iter_gguf_weights(
     )
     # Fail before loading.
     names = [gguf_to_hf_name(tensor.name, mapping.layer_names) for tensor in reader.tensors]
+    experts = [t for t in reader.tensors if len(t.shape) == 3]
+    if packed and experts:
+        logger.info("gguf: %d stacked expert tensors (%s) are dequantized at load: the "
+                    "fused_moe op holds float weights", len(experts),
+                    ", ".join(sorted({t.tensor_type.name for t in experts})))
     for name, tensor in zip(names, bar, strict=True):
         keep = packed and is_packed_matrix(tensor)
         weight = packed_tensor(tensor) if keep else dequantize_tensor(tensor)
