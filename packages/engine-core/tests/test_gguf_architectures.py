@@ -182,6 +182,35 @@ def test_q8_0_file_equals_transformers_on_rounded_weights(
     assert bool(experts) == (files["kind"] in ("mixtral", "qwen3_moe"))
 
 
+@pytest.fixture(scope="module")
+def per_expert_mixtral(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """llama.cpp's first Mixtral layout: one tensor per expert (``blk.N.ffn_gate.J``)."""
+    root = tmp_path_factory.mktemp("gguf_mixtral_per_expert")
+    hf = build_tiny_checkpoint(root / "hf", "mixtral")
+    return {
+        "kind": "mixtral", "cls": MixtralForCausalLM, "hf": hf,
+        "f32": write_checkpoint_gguf(root / "f32.gguf", hf, stack_experts=False),
+        "q8": write_checkpoint_gguf(root / "q8.gguf", hf, default=QT.Q8_0,
+                                    stack_experts=False),
+        "q8_reference": round_trip_checkpoint(hf, root / "hf_q8", QT.Q8_0),
+    }
+
+
+def test_per_expert_mixtral_file(per_expert_mixtral: dict[str, Any]) -> None:
+    files = per_expert_mixtral
+    names = [t.name for t in gguf.GGUFReader(str(files["f32"])).tensors]
+    assert "blk.1.ffn_down.3.weight" in names and "blk.1.ffn_down_exps.weight" not in names
+    loaded = dict(iter_gguf_weights(files["f32"], torch.float32, progress=False))
+    expected = load_file(files["hf"] / "model.safetensors")
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[name], tensor) for name, tensor in expected.items())
+    checks(files, "f32", "hf").logits_and_greedy_tokens()
+    model = checks(files, "q8", "q8_reference", quantization="gguf",
+                   linear_kernel="gguf_dequant").logits_and_greedy_tokens()
+    assert model.layers[0].self_attn.qkv_proj.weight.dtype == torch.uint8
+    assert model.layers[0].mlp.experts.op.w13.dtype == torch.float32
+
+
 def test_phi3_partial_rotary_factor_and_window(tmp_path: Path) -> None:
     # Phi-4-mini rotates part of each head: llama.cpp writes rope.dimension_count.
     from transformers import Phi3Config

@@ -69,9 +69,13 @@ def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
     return permuted
 
 
-def converter_tensors(config: Any, state: dict[str, torch.Tensor]
-                      ) -> list[tuple[str, np.ndarray]]:
-    """``(gguf name, float32 array)`` of every tensor, as the converter writes them."""
+def converter_tensors(config: Any, state: dict[str, torch.Tensor], *,
+                      stack_experts: bool = True) -> list[tuple[str, np.ndarray]]:
+    """``(gguf name, float32 array)`` of every tensor, as the converter writes them.
+
+    ``stack_experts=False``: one tensor per expert, ``blk.N.ffn_gate.J.weight``, as the
+    first llama.cpp Mixtral files had them.
+    """
     arch = ARCHITECTURES[config.model_type]
     names = gguf.get_tensor_name_map(arch, config.num_hidden_layers)
     experts: dict[tuple[str, str], dict[int, np.ndarray]] = defaultdict(dict)
@@ -87,8 +91,12 @@ def converter_tensors(config: Any, state: dict[str, torch.Tensor]
             continue
         out.append((_gguf_name(names, hf_name), data))
     for (prefix, proj), by_expert in experts.items():
-        stacked = np.stack([by_expert[j] for j in sorted(by_expert)])
-        out.append((_gguf_name(names, f"{prefix}.{proj}.weight"), stacked))
+        stacked_name = _gguf_name(names, f"{prefix}.{proj}.weight")
+        if stack_experts:
+            out.append((stacked_name, np.stack([by_expert[j] for j in sorted(by_expert)])))
+        else:
+            head = stacked_name.removesuffix("_exps.weight")
+            out.extend((f"{head}.{j}.weight", by_expert[j]) for j in sorted(by_expert))
     converted = []
     for name, data in out:
         if arch == gguf.MODEL_ARCH.LLAMA and ".attn_q." in name:
@@ -160,7 +168,7 @@ def _metadata(writer: gguf.GGUFWriter, config: Any) -> None:
 
 def write_gguf(path: Path, config: Any, state: dict[str, torch.Tensor], *,
                types: dict[str, QT] | None = None, default: QT = QT.F32,
-               extra: dict[str, Any] | None = None) -> Path:
+               extra: dict[str, Any] | None = None, stack_experts: bool = True) -> Path:
     """Write ``state`` (a transformers state dict of ``config``) as a GGUF file at ``path``.
 
     Args:
@@ -170,6 +178,8 @@ def write_gguf(path: Path, config: Any, state: dict[str, torch.Tensor], *,
         types: Storage type per GGUF module (``"attn_q"``, ``"ffn_down_exps"``, ...).
         default: The storage type of the other matrices.
         extra: More metadata: ``str`` values as strings, numbers as float32.
+        stack_experts: Experts stacked per layer (llama.cpp's converter today), or one
+            tensor per expert (its first Mixtral files: ``blk.N.ffn_gate.J.weight``).
 
     Returns:
         ``path``.
@@ -182,8 +192,9 @@ def write_gguf(path: Path, config: Any, state: dict[str, torch.Tensor], *,
             writer.add_string(key, value)
         else:
             writer.add_float32(key, value)
-    for name, data in converter_tensors(config, state):
-        qtype = (types or {}).get(name.split(".")[-2], default) if data.ndim > 1 else QT.F32
+    for name, data in converter_tensors(config, state, stack_experts=stack_experts):
+        module = name.split(".")[2] if name.startswith("blk.") else name.split(".")[0]
+        qtype = (types or {}).get(module, default) if data.ndim > 1 else QT.F32
         stored, raw_dtype = store(data, qtype)
         writer.add_tensor(name, stored, raw_dtype=raw_dtype)
     writer.write_header_to_file()

@@ -17,7 +17,9 @@ Mixture-of-experts files store each layer's experts stacked: ``ffn_gate_exps`` /
 here after the Hugging Face projection without an expert index (``...experts.w1.weight``,
 ``...experts.gate_proj.weight``); the engine's MoE layer takes such stacked tensors.
 llama.cpp writes Mixtral (and other Llama-layout MoE checkpoints) as ``llama`` with
-``llama.expert_count``: :func:`resolve_architecture` picks :data:`LLAMA_MOE` for those.
+``llama.expert_count``: :func:`resolve_architecture` picks :data:`LLAMA_MOE` for those (its
+first Mixtral files held one tensor per expert, ``blk.N.ffn_gate.J.weight``: the loader
+names those ``...experts.J.w1.weight`` from the same table).
 """
 
 from __future__ import annotations

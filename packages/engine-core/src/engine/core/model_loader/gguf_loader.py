@@ -8,7 +8,8 @@ Weights come out exactly as ``transformers`` would load them from the same file:
    ``ffn_up`` -> ``qkv_proj`` / ``gate_up_proj``, Gemma's four norms, the stacked experts
    ``blk.N.ffn_{gate,up,down}_exps`` ``[E, ...]`` -> ``...experts.{w1,w3,w2}.weight``
    (Mixtral) or ``...experts.{gate,up,down}_proj.weight`` (Qwen3-MoE), which the engine's
-   MoE layer loads stacked);
+   MoE layer loads stacked; the first Mixtral files' one tensor per expert,
+   ``blk.N.ffn_gate.J.weight``, -> ``...experts.J.w1.weight``);
 2. values: ``gguf.quants.dequantize`` (numpy) to float32, whatever the storage type
    (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, the IQ types, TQ, MXFP4:
    every type the installed ``gguf`` can dequantize; F64 is added here). Types it cannot
@@ -33,8 +34,8 @@ says ``tie_word_embeddings=True``.
 With ``packed=True`` (the ``gguf`` quantization method, ``--quantization gguf``) matrices
 skip steps 2, 3 and 6: they are yielded as their stored bytes, ``uint8 [rows, row_bytes]``
 (rows still un-permuted for ``attn_q``/``attn_k``: rows are whole in every block format),
-and :func:`gguf_quantization_settings` tells the method each matrix's type. Stacked expert
-tensors are no matrices: they are always dequantized (the ``fused_moe`` op holds float
+and :func:`gguf_quantization_settings` tells the method each matrix's type. Expert tensors
+(stacked or not) are always dequantized (the ``fused_moe`` op holds float
 weights; the ``gguf`` method serves linear layers and the embedding only).
 """
 
@@ -75,6 +76,9 @@ GGUF_TO_HF_LAYER: dict[str, str] = LLAMA_LAYER_NAMES
 :attr:`~engine.core.model_loader.gguf_architectures.GGUFArchitecture.layer_names`)."""
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+#: llama.cpp's first Mixtral files (before stacked experts, still loaded by llama.cpp):
+#: one tensor per expert, ``blk.N.ffn_gate.J.weight``.
+_PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight$")
 
 
 def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str:
@@ -97,6 +101,11 @@ def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str
     if match and match.group(2) in table:
         layer, module, kind = match.groups()
         return f"model.layers.{layer}.{table[module]}.{kind}"
+    match = _PER_EXPERT_RE.match(name)
+    if match and f"{match.group(2)}_exps" in table:
+        layer, module, expert = match.groups()
+        experts, _, projection = table[f"{module}_exps"].rpartition(".")
+        return f"model.layers.{layer}.{experts}.{expert}.{projection}.weight"
     raise UnsupportedError(f"GGUF tensor {name!r} has no Hugging Face equivalent; not supported")
 
 
@@ -193,9 +202,10 @@ def is_packed_matrix(tensor: ReaderTensor) -> bool:
     """Whether ``--quantization gguf`` keeps ``tensor`` in its storage format.
 
     Matrices (``.weight`` with two dimensions: linear layers and the embedding) are kept;
-    norms and biases are always dequantized.
+    norms, biases and experts (stacked, or one tensor per expert) are always dequantized.
     """
-    return tensor.name.endswith(".weight") and len(tensor.shape) == 2
+    return (tensor.name.endswith(".weight") and len(tensor.shape) == 2
+            and not _PER_EXPERT_RE.match(tensor.name))
 
 
 def packed_tensor(tensor: ReaderTensor) -> torch.Tensor:
@@ -254,9 +264,10 @@ def iter_gguf_weights(
     )
     # Fail before loading.
     names = [gguf_to_hf_name(tensor.name, mapping.layer_names) for tensor in reader.tensors]
-    experts = [t for t in reader.tensors if len(t.shape) == 3]
+    experts = [t for t in reader.tensors
+               if len(t.shape) == 3 or _PER_EXPERT_RE.match(t.name)]
     if packed and experts:
-        logger.info("gguf: %d stacked expert tensors (%s) are dequantized at load: the "
+        logger.info("gguf: %d expert tensors (%s) are dequantized at load: the "
                     "fused_moe op holds float weights", len(experts),
                     ", ".join(sorted({t.tensor_type.name for t in experts})))
     for name, tensor in zip(names, bar, strict=True):
