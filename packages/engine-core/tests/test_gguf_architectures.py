@@ -243,7 +243,7 @@ def tiny_gemma(kind: str) -> tuple[PretrainedConfig, dict[str, torch.Tensor]]:
         config = Gemma2Config(**common, attn_logit_softcapping=40.0,
                               final_logit_softcapping=20.0)
     else:
-        config = Gemma3TextConfig(**common, rope_parameters={
+        config = Gemma3TextConfig(**common, final_logit_softcapping=25.0, rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}})
     torch.manual_seed(0)

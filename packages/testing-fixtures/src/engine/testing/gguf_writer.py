@@ -154,6 +154,8 @@ def _metadata(writer: gguf.GGUFWriter, config: Any) -> None:
         writer.add_sliding_window(config.sliding_window)
     if arch == gguf.MODEL_ARCH.GEMMA3:
         writer.add_sliding_window(config.sliding_window)
+        if config.final_logit_softcapping:
+            writer.add_final_logit_softcapping(config.final_logit_softcapping)
         full = dict(config.rope_parameters["full_attention"])
         if full.get("rope_type", "default") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)

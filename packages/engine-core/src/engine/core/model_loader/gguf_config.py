@@ -102,12 +102,17 @@ def _special_ids(reader: GGUFReader) -> dict[str, int]:
 
 
 def _vocab_size(reader: GGUFReader, arch: str) -> int:
-    value = get_value(reader, f"{arch}.vocab_size")
-    if value is not None:
-        return int(value)
+    """The embedding's rows; else ``<arch>.vocab_size``; else the tokenizer's token count.
+
+    The embedding first: llama.cpp's gemma3 converter drops the rows past the tokenizer's
+    vocabulary (262208 -> 262144), which the model's table must match.
+    """
     for tensor in reader.tensors:
         if tensor.name == "token_embd.weight":
             return int(tensor.shape[-1])  # GGUF dims are [hidden, vocab]
+    value = get_value(reader, f"{arch}.vocab_size")
+    if value is not None:
+        return int(value)
     tokens = array_length(reader, "tokenizer.ggml.tokens")
     if tokens is None:
         raise UnsupportedError("the GGUF file states no vocabulary size")
@@ -265,9 +270,10 @@ def _gemma3_rope_and_layers(reader: GGUFReader, layers: int) -> dict[str, Any]:
     ``attention.sliding_window_pattern`` per layer.
     """
     pattern = get_value(reader, "gemma3.attention.sliding_window_pattern")
+    softcap = get_value(reader, "gemma3.final_logit_softcapping")
     settings: dict[str, Any] = {
         "rope_local_base_freq": float(get_value(reader, "gemma3.rope.freq_base_swa", 10000.0)),
-        "final_logit_softcapping": None,
+        "final_logit_softcapping": None if softcap is None else float(softcap),
         "attn_logit_softcapping": None,
     }
     if isinstance(pattern, list):
