@@ -30,7 +30,7 @@ from gguf import GGMLQuantizationType as QT
 from safetensors.torch import load_file
 from transformers import AutoConfig, Gemma2Config, Gemma3TextConfig, PretrainedConfig
 
-from engine.core.distributed import Slice
+from engine.core.distributed import Slice, TensorParallelGroup
 from engine.core.model_executor.layers.builtin_ops import FusedMoE
 from engine.core.model_executor.layers.fused_moe import MoELayer
 from engine.core.model_executor.models.mixtral import MixtralForCausalLM
@@ -358,11 +358,21 @@ def test_qwen3moe_dense_layers_and_renormalisation(tmp_path: Path, norm: bool | 
 
 
 def test_stacked_expert_tensors_load_and_wrong_shapes_are_refused() -> None:
-
-    layer = MoELayer(FusedMoE(4, 2, 64, 96, renormalize=True, dtype=torch.float32),
-                     "model.layers.0.block_sparse_moe.experts", Slice(0, 96))
-    layer.load_weight("w2.weight", torch.ones(4, 64, 96))
-    assert torch.equal(layer.op.w2, torch.ones(4, 64, 96))
+    # Rank 1 of 2: each expert's second half of the intermediate size, as per-expert loads.
+    torch.manual_seed(0)
+    w1, w3, w2 = torch.randn(4, 96, 64), torch.randn(4, 96, 64), torch.randn(4, 64, 96)
+    layers = [MoELayer(FusedMoE(4, 2, 64, 48, renormalize=True, dtype=torch.float32),
+                       "model.layers.0.block_sparse_moe.experts", Slice(48, 48),
+                       TensorParallelGroup(1, 2)) for _ in range(2)]
+    for name, tensor in (("w1", w1), ("w3", w3), ("w2", w2)):
+        layers[0].load_weight(f"{name}.weight", tensor)
+        for j in range(4):
+            layers[1].load_weight(f"{j}.{name}.weight", tensor[j])
+    assert torch.equal(layers[0].op.w13, layers[1].op.w13)
+    assert torch.equal(layers[0].op.w2, layers[1].op.w2)
+    assert torch.equal(layers[0].op.w13[:, :48], w1[:, 48:])
+    assert torch.equal(layers[0].op.w2, w2[..., 48:])
+    layer = layers[0]
     with pytest.raises(ValueError, match=r"has shape \(3, 64, 96\), the model expects "
                                          r"\(4, 64, 96\)"):
         layer.load_weight("w2.weight", torch.ones(3, 64, 96))
