@@ -49,6 +49,7 @@ from engine.core.model_loader._gguf_reader import (
     open_gguf,
 )
 from engine.sdk.errors import EngineSDKError, UnsupportedError
+from engine.testing import gguf_writer
 
 SMOLLM2_TYPES = {"F32", "Q4_1", "Q8_0"}
 
@@ -248,93 +249,15 @@ def test_tokenizer_metadata(smollm2_path: Path) -> None:
 
 # -- synthetic files: the reader, the Q/K permutation, storage types, errors --------------------
 
-GGUF_NAMES = {
-    "embed_tokens": "token_embd",
-    "norm": "output_norm",
-    "lm_head": "output",
-    "input_layernorm": "attn_norm",
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "post_attention_layernorm": "ffn_norm",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-
-
-def to_gguf_name(hf_name: str) -> str:
-    parts = hf_name.removeprefix("model.").split(".")
-    kind = parts[-1]
-    if parts[0] == "layers":
-        return f"blk.{parts[1]}.{GGUF_NAMES['.'.join(parts[2:-1])]}.{kind}"
-    return f"{GGUF_NAMES['.'.join(parts[:-1])]}.{kind}"
-
-
-def llama_cpp_permute(w: np.ndarray, heads: int) -> np.ndarray:
-    """llama.cpp convert_hf_to_gguf.py ``LlamaModel.permute`` (the forward direction)."""
-    head_dim = w.shape[0] // heads
-    permuted: np.ndarray = w.reshape(heads, 2, head_dim // 2, *w.shape[1:]).swapaxes(1, 2)
-    return permuted.reshape(w.shape)
-
-
-def store(array: np.ndarray, qtype: QT) -> tuple[np.ndarray, QT | None]:
-    if qtype == QT.F32:
-        return array.astype(np.float32), None
-    if qtype == QT.F16:
-        return array.astype(np.float16), None
-    return gguf.quants.quantize(array.astype(np.float32), qtype), qtype
-
-
 def write_gguf(
     path: Path,
     model: PreTrainedModel,
-    arch: str,
     types: dict[str, QT] | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Path:
     """Export a transformers Llama/Qwen2 model as llama.cpp's converter would."""
-    config = model.config
-    writer = gguf.GGUFWriter(str(path), arch)
-    writer.add_block_count(config.num_hidden_layers)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(rope(config)["rope_theta"])
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
-    writer.add_bos_token_id(1)
-    writer.add_eos_token_id(2)
-    for key, value in (extra or {}).items():
-        if isinstance(value, str):
-            writer.add_string(key, value)
-        else:
-            writer.add_float32(key, value)
-    tied = config.tie_word_embeddings
-    for name, tensor in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
-        gguf_name = to_gguf_name(name)
-        data = tensor.float().numpy()
-        if arch == "llama" and ".attn_q." in gguf_name:
-            data = llama_cpp_permute(data, config.num_attention_heads)
-        elif arch == "llama" and ".attn_k." in gguf_name:
-            data = llama_cpp_permute(data, config.num_key_value_heads)
-        qtype = (types or {}).get(gguf_name.split(".")[-2], QT.F32)
-        if data.ndim == 1:
-            qtype = QT.F32
-        stored, raw_dtype = store(data, qtype)
-        writer.add_tensor(gguf_name, stored, raw_dtype=raw_dtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    return gguf_writer.write_gguf(path, model.config, dict(model.state_dict()), types=types,
+                                  extra=extra)
 
 
 def tiny_llama(**overrides: Any) -> LlamaForCausalLM:
@@ -393,7 +316,7 @@ def test_llama_f32_round_trip_undoes_permutation(
     tmp_path: Path, tied: bool, attention_bias: bool
 ) -> None:
     model = tiny_llama(tie_word_embeddings=tied, attention_bias=attention_bias)
-    path = write_gguf(tmp_path / "tiny.gguf", model, "llama")
+    path = write_gguf(tmp_path / "tiny.gguf", model)
     config = load_gguf_config(path)
     assert config.tie_word_embeddings is tied
     assert config.attention_bias is attention_bias
@@ -417,7 +340,7 @@ def test_mixed_storage_types_equal_transformers(tmp_path: Path) -> None:
         "ffn_down": QT.Q8_0,
         "output": QT.F16,
     }
-    path = write_gguf(tmp_path / "mixed.gguf", model, "llama", types)
+    path = write_gguf(tmp_path / "mixed.gguf", model, types)
     loaded = dict(iter_gguf_weights(path, torch.float32, progress=False))
     reference = dict(load_reference(path).state_dict())
     assert loaded.keys() == reference.keys()
@@ -430,7 +353,7 @@ def test_mixed_storage_types_equal_transformers(tmp_path: Path) -> None:
 
 def test_qwen2_is_not_permuted_and_equals_transformers(tmp_path: Path) -> None:
     model = tiny_qwen2()
-    path = write_gguf(tmp_path / "qwen2.gguf", model, "qwen2")
+    path = write_gguf(tmp_path / "qwen2.gguf", model)
     config = load_gguf_config(path)
     assert isinstance(config, Qwen2Config)
     assert config.architectures == ["Qwen2ForCausalLM"]
@@ -464,7 +387,7 @@ def test_qwen2_is_not_permuted_and_equals_transformers(tmp_path: Path) -> None:
     ],
 )
 def test_rope_scaling(tmp_path: Path, extra: dict[str, Any], expected: dict[str, Any]) -> None:
-    path = write_gguf(tmp_path / "rope.gguf", tiny_llama(), "llama", extra=extra)
+    path = write_gguf(tmp_path / "rope.gguf", tiny_llama(), extra=extra)
     params = rope(load_gguf_config(path))
     assert params["rope_theta"] == 50000.0
     for key, value in expected.items():
@@ -473,7 +396,7 @@ def test_rope_scaling(tmp_path: Path, extra: dict[str, Any], expected: dict[str,
 
 def test_unsupported_rope_scaling_type(tmp_path: Path) -> None:
     extra = {"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 2.0}
-    path = write_gguf(tmp_path / "rope.gguf", tiny_llama(), "llama", extra=extra)
+    path = write_gguf(tmp_path / "rope.gguf", tiny_llama(), extra=extra)
     with pytest.raises(UnsupportedError, match="'longrope'"):
         load_gguf_config(path)
 

@@ -53,6 +53,7 @@ from engine.sdk.quantization import LayerInfo, QuantizationConfig, QuantizeMetho
 from engine.sdk.scheduler import EngineRequest
 from engine.sdk.support import Support
 from engine.testing.gguf_blocks import kernel_layer, raw_blocks
+from engine.testing.gguf_writer import write_gguf
 from engine.testing.tensor_parallel import drive_worker, run_ranks
 from engine.testing.test_plugins import entry_installer
 
@@ -176,57 +177,15 @@ MIXED = {"token_embd": QT.Q8_0, "attn_q": QT.Q4_0, "attn_k": QT.Q4_0, "attn_v": 
          "attn_output": QT.Q4_1, "ffn_gate": QT.Q4_1, "ffn_up": QT.Q4_1, "ffn_down": QT.Q5_0,
          "output": QT.F16}
 
-GGUF_MODULES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k",
-                "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-                "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-                "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
-                "post_attention_layernorm": "ffn_norm"}
-
-
-def gguf_name(hf_name: str) -> str:
-    parts = hf_name.removeprefix("model.").split(".")
-    if parts[0] == "layers":
-        return f"blk.{parts[1]}.{GGUF_MODULES['.'.join(parts[2:-1])]}.{parts[-1]}"
-    return {"embed_tokens": "token_embd", "norm": "output_norm", "lm_head": "output"}[
-        ".".join(parts[:-1])] + f".{parts[-1]}"
-
-
 def write_tiny_gguf(path: Path, types: dict[str, QT], *, tied: bool) -> Path:
     """A random tiny Llama as llama.cpp's converter writes it (Q/K rows permuted)."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
     model = LlamaForCausalLM(LlamaConfig(**TINY, tie_word_embeddings=tied))
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(TINY["num_hidden_layers"])
-    writer.add_context_length(TINY["max_position_embeddings"])
-    writer.add_embedding_length(TINY["hidden_size"])
-    writer.add_feed_forward_length(TINY["intermediate_size"])
-    writer.add_head_count(TINY["num_attention_heads"])
-    writer.add_head_count_kv(TINY["num_key_value_heads"])
-    writer.add_rope_dimension_count(16)
-    writer.add_rope_freq_base(TINY["rope_theta"])
-    writer.add_layer_norm_rms_eps(TINY["rms_norm_eps"])
-    writer.add_vocab_size(TINY["vocab_size"])
-    for name, tensor in model.state_dict().items():
-        if tied and name == "lm_head.weight":
-            continue
-        target = gguf_name(name)
-        data = (tensor.float() * (0.4 if tensor.dim() > 1 else 1.0)).numpy()
-        kind = target.split(".")[-2]
-        if kind in ("attn_q", "attn_k"):
-            heads = TINY["num_attention_heads" if kind == "attn_q" else "num_key_value_heads"]
-            data = data.reshape(heads, 2, -1, data.shape[1]).swapaxes(1, 2).reshape(data.shape)
-        qtype = types.get(kind, QT.F32) if data.ndim == 2 else QT.F32
-        stored = data if qtype == QT.F32 else (data.astype(np.float16) if qtype == QT.F16
-                                               else gguf.quants.quantize(data, qtype))
-        writer.add_tensor(target, stored, raw_dtype=None if qtype in (QT.F32, QT.F16)
-                          else qtype)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
+    state = {name: tensor.float() * (0.4 if tensor.dim() > 1 else 1.0)
+             for name, tensor in model.state_dict().items()}
+    return write_gguf(path, model.config, state, types=types)
 
 
 @pytest.fixture(scope="module")

@@ -209,7 +209,7 @@ class FusedMoELayer(Protocol):
         """
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
-        """Copy this rank's part of one expert's checkpoint tensor into the op's weights.
+        """Copy this rank's part of one expert's (or every expert's) checkpoint tensor.
 
         Called: by the model's ``load_weights``, once per expert tensor.
 
@@ -217,9 +217,10 @@ class FusedMoELayer(Protocol):
             param_name: The checkpoint name after the layer's prefix:
                 ``"J.w1.weight"``, ``"J.w3.weight"``, ``"J.w2.weight"`` (Mixtral) or
                 ``"J.gate_proj.weight"``, ``"J.up_proj.weight"``, ``"J.down_proj.weight"``
-                (Qwen-MoE), ``J`` the expert's index.
+                (Qwen-MoE), ``J`` the expert's index; without ``J.`` (``"w1.weight"``)
+                the tensor holds every expert stacked, as GGUF files store them.
             tensor: The whole expert's tensor: ``[I, H]`` for gate and up, ``[H, I]``
-                for down.
+                for down; stacked: ``[E, I, H]`` and ``[E, H, I]``.
             shard: ``None``.
 
         Raises:

@@ -3,7 +3,13 @@
 Weights come out exactly as ``transformers`` would load them from the same file:
 
 1. name: ``blk.N.attn_q.weight`` -> ``model.layers.N.self_attn.q_proj.weight`` (see
-   :data:`GGUF_TO_HF_LAYER`);
+   :data:`GGUF_TO_HF_LAYER` and each architecture's table in
+   :mod:`~engine.core.model_loader.gguf_architectures`: Phi-3's fused ``attn_qkv`` /
+   ``ffn_up`` -> ``qkv_proj`` / ``gate_up_proj``, Gemma's four norms, the stacked experts
+   ``blk.N.ffn_{gate,up,down}_exps`` ``[E, ...]`` -> ``...experts.{w1,w3,w2}.weight``
+   (Mixtral) or ``...experts.{gate,up,down}_proj.weight`` (Qwen3-MoE), which the engine's
+   MoE layer loads stacked; the first Mixtral files' one tensor per expert,
+   ``blk.N.ffn_gate.J.weight``, -> ``...experts.J.w1.weight``);
 2. values: ``gguf.quants.dequantize`` (numpy) to float32, whatever the storage type
    (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, the K-quants, the IQ types, TQ, MXFP4:
    every type the installed ``gguf`` can dequantize; F64 is added here). Types it cannot
@@ -17,19 +23,25 @@ Weights come out exactly as ``transformers`` would load them from the same file:
        hf   = gguf.reshape(heads, d // 2, 2, cols).swapaxes(1, 2).reshape(gguf.shape)
 
    with ``heads`` the query heads for ``attn_q`` and the key/value heads for ``attn_k``;
-5. cast to the requested dtype.
+   the other architectures' converters do not permute;
+5. Gemma 2/3: every ``*norm.weight`` minus 1 (llama.cpp stores ``1 + w``; Hugging Face's
+   parameter, which the model uses as ``x * (1 + w)``, is ``w``);
+6. cast to the requested dtype.
 
 Tied embeddings: a file without ``output.weight`` yields no ``lm_head.weight``; the config
 says ``tie_word_embeddings=True``.
 
 With ``packed=True`` (the ``gguf`` quantization method, ``--quantization gguf``) matrices
-skip steps 2, 3 and 5: they are yielded as their stored bytes, ``uint8 [rows, row_bytes]``
+skip steps 2, 3 and 6: they are yielded as their stored bytes, ``uint8 [rows, row_bytes]``
 (rows still un-permuted for ``attn_q``/``attn_k``: rows are whole in every block format),
-and :func:`gguf_quantization_settings` tells the method each matrix's type.
+and :func:`gguf_quantization_settings` tells the method each matrix's type. Expert tensors
+(stacked or not) are always dequantized (the ``fused_moe`` op holds float
+weights; the ``gguf`` method serves linear layers and the embedding only).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Generator
@@ -45,8 +57,11 @@ from tqdm import tqdm
 from transformers import PretrainedConfig
 
 from engine.core.model_loader._gguf_reader import field_value, get_value, open_gguf
+from engine.core.model_loader.gguf_architectures import LLAMA_LAYER_NAMES
 from engine.core.model_loader.gguf_config import gguf_architecture, gguf_config_from_reader
 from engine.sdk.errors import UnsupportedError
+
+logger = logging.getLogger(__name__)
 
 GGUF_TO_HF_GLOBAL: dict[str, str] = {
     "token_embd.weight": "model.embed_tokens.weight",
@@ -55,26 +70,24 @@ GGUF_TO_HF_GLOBAL: dict[str, str] = {
 }
 """Tensors outside the layers: GGUF name -> HF name."""
 
-GGUF_TO_HF_LAYER: dict[str, str] = {
-    "attn_norm": "input_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-"""Per-layer modules: ``blk.N.<gguf>.{weight,bias}`` -> ``model.layers.N.<hf>.{weight,bias}``."""
+GGUF_TO_HF_LAYER: dict[str, str] = LLAMA_LAYER_NAMES
+"""Per-layer modules of the Llama family: ``blk.N.<gguf>.{weight,bias}`` ->
+``model.layers.N.<hf>.{weight,bias}`` (other architectures: their
+:attr:`~engine.core.model_loader.gguf_architectures.GGUFArchitecture.layer_names`)."""
 
 _LAYER_RE = re.compile(r"^blk\.(\d+)\.(\w+)\.(weight|bias)$")
+#: llama.cpp's first Mixtral files (before stacked experts, still loaded by llama.cpp):
+#: one tensor per expert, ``blk.N.ffn_gate.J.weight``.
+_PER_EXPERT_RE = re.compile(r"^blk\.(\d+)\.(ffn_gate|ffn_up|ffn_down)\.(\d+)\.weight$")
 
 
-def gguf_to_hf_name(name: str) -> str:
+def gguf_to_hf_name(name: str, layer_names: dict[str, str] | None = None) -> str:
     """Return the Hugging Face parameter name of a GGUF tensor.
+
+    Args:
+        name: The GGUF tensor name (``blk.3.attn_q.weight``).
+        layer_names: The architecture's per-layer table (default: the Llama family's,
+            :data:`GGUF_TO_HF_LAYER`).
 
     Raises:
         UnsupportedError: The tensor has no Hugging Face counterpart here (e.g. llama.cpp's
@@ -83,10 +96,16 @@ def gguf_to_hf_name(name: str) -> str:
     """
     if name in GGUF_TO_HF_GLOBAL:
         return GGUF_TO_HF_GLOBAL[name]
+    table = GGUF_TO_HF_LAYER if layer_names is None else layer_names
     match = _LAYER_RE.match(name)
-    if match and match.group(2) in GGUF_TO_HF_LAYER:
+    if match and match.group(2) in table:
         layer, module, kind = match.groups()
-        return f"model.layers.{layer}.{GGUF_TO_HF_LAYER[module]}.{kind}"
+        return f"model.layers.{layer}.{table[module]}.{kind}"
+    match = _PER_EXPERT_RE.match(name)
+    if match and f"{match.group(2)}_exps" in table:
+        layer, module, expert = match.groups()
+        experts, _, projection = table[f"{module}_exps"].rpartition(".")
+        return f"model.layers.{layer}.{experts}.{expert}.{projection}.weight"
     raise UnsupportedError(f"GGUF tensor {name!r} has no Hugging Face equivalent; not supported")
 
 
@@ -183,9 +202,10 @@ def is_packed_matrix(tensor: ReaderTensor) -> bool:
     """Whether ``--quantization gguf`` keeps ``tensor`` in its storage format.
 
     Matrices (``.weight`` with two dimensions: linear layers and the embedding) are kept;
-    norms and biases are always dequantized.
+    norms, biases and experts (stacked, or one tensor per expert) are always dequantized.
     """
-    return tensor.name.endswith(".weight") and len(tensor.shape) == 2
+    return (tensor.name.endswith(".weight") and len(tensor.shape) == 2
+            and not _PER_EXPERT_RE.match(tensor.name))
 
 
 def packed_tensor(tensor: ReaderTensor) -> torch.Tensor:
@@ -206,8 +226,9 @@ def gguf_quantization_settings(path: str | os.PathLike[str]) -> dict[str, Any]:
         UnsupportedError: A tensor has no Hugging Face name.
     """
     reader = open_gguf(path)
-    types = {gguf_to_hf_name(t.name).removesuffix(".weight"): t.tensor_type.name
-             for t in reader.tensors if is_packed_matrix(t)}
+    _, mapping = gguf_architecture(reader)
+    types = {gguf_to_hf_name(t.name, mapping.layer_names).removesuffix(".weight"):
+             t.tensor_type.name for t in reader.tensors if is_packed_matrix(t)}
     return {"quant_method": "gguf", "tensor_types": types}
 
 
@@ -241,7 +262,14 @@ def iter_gguf_weights(
     bar = tqdm(
         reader.tensors, desc=f"Loading {Path(path).name}", unit="tensor", disable=not progress
     )
-    names = [gguf_to_hf_name(tensor.name) for tensor in reader.tensors]  # fail before loading
+    # Fail before loading.
+    names = [gguf_to_hf_name(tensor.name, mapping.layer_names) for tensor in reader.tensors]
+    experts = [t for t in reader.tensors
+               if len(t.shape) == 3 or _PER_EXPERT_RE.match(t.name)]
+    if packed and experts:
+        logger.info("gguf: %d expert tensors (%s) are dequantized at load: the "
+                    "fused_moe op holds float weights", len(experts),
+                    ", ".join(sorted({t.tensor_type.name for t in experts})))
     for name, tensor in zip(names, bar, strict=True):
         keep = packed and is_packed_matrix(tensor)
         weight = packed_tensor(tensor) if keep else dequantize_tensor(tensor)
@@ -249,6 +277,8 @@ def iter_gguf_weights(
             weight = unpermute_qk(weight, num_heads)
         elif mapping.permutes_qk and ".attn_k." in tensor.name:
             weight = unpermute_qk(weight, num_kv_heads)
+        elif mapping.norm_offset and tensor.name.endswith("norm.weight"):
+            weight = weight - mapping.norm_offset  # Gemma: llama.cpp stores 1 + w
         yield name, weight if keep else weight.to(dtype)
 
 

@@ -10,7 +10,9 @@ not know about:
   MLP); the op returns the rank's partial sum and the layer all-reduces it, as a
   row-parallel ``Linear`` does;
 * loading: each expert's checkpoint tensors (Mixtral ``J.w1/w3/w2.weight``, Qwen-MoE
-  ``J.gate_proj/up_proj/down_proj.weight``) go to their expert's rows, this rank's slice.
+  ``J.gate_proj/up_proj/down_proj.weight``) go to their expert's rows, this rank's slice;
+  so do tensors of every expert stacked (``w1.weight`` ``[E, I, H]``, ``w2.weight``
+  ``[E, H, I]``, ...: how GGUF files store experts, ``blk.N.ffn_gate_exps``).
 """
 
 from __future__ import annotations
@@ -55,26 +57,34 @@ class MoELayer(nn.Module):
                     ) -> None:
         """Copy this rank's part of expert tensor ``{prefix}.{param_name}``.
 
-        ``param_name`` is ``"J.w1.weight"`` (gate), ``"J.w3.weight"`` (up), ``"J.w2.weight"``
-        (down), or the Qwen-MoE names ``gate_proj``, ``up_proj``, ``down_proj``.
+        ``param_name`` is ``"J.w1.weight"`` (expert ``J``'s gate), ``"J.w3.weight"`` (up),
+        ``"J.w2.weight"`` (down), or the Qwen-MoE names ``gate_proj``, ``up_proj``,
+        ``down_proj``; without ``J.`` (``"w1.weight"``) the tensor holds every expert,
+        stacked along a first dimension of ``num_experts``.
 
         Raises:
             ValueError: an unknown name, an expert out of range, or a shape that does not fit.
         """
         name = f"{self.prefix}.{param_name}"
         parts = param_name.split(".")
-        if (len(parts) != 3 or not parts[0].isdigit() or parts[1] not in PROJECTIONS
-                or parts[2] != "weight" or shard is not None):
+        stacked = len(parts) == 2
+        if stacked:
+            parts = ["*", *parts]
+        if (len(parts) != 3 or not (stacked or parts[0].isdigit())
+                or parts[1] not in PROJECTIONS or parts[2] != "weight" or shard is not None):
             raise ValueError(f"checkpoint tensor {name!r}: a fused MoE layer takes "
-                             f"'J.<w1|w3|w2|gate_proj|up_proj|down_proj>.weight'")
-        expert = int(parts[0])
-        if expert >= self.op.num_experts:
-            raise ValueError(f"checkpoint tensor {name!r}: expert {expert} of "
+                             f"'[J.]<w1|w3|w2|gate_proj|up_proj|down_proj>.weight' (without "
+                             f"J: every expert stacked)")
+        experts = slice(None) if stacked else int(parts[0])
+        if not stacked and int(parts[0]) >= self.op.num_experts:
+            raise ValueError(f"checkpoint tensor {name!r}: expert {parts[0]} of "
                              f"{self.op.num_experts}")
         target, part = PROJECTIONS[parts[1]]
         hidden, whole = self.op.hidden_size, self.intermediate_slice
         full_i = whole.size * self.tp.size
-        expected = (full_i, hidden) if target == "w13" else (hidden, full_i)
+        expected: tuple[int, ...] = (full_i, hidden) if target == "w13" else (hidden, full_i)
+        if stacked:
+            expected = (self.op.num_experts, *expected)
         if tuple(tensor.shape) != expected:
             raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
                              f"the model expects {expected}")
@@ -82,9 +92,9 @@ class MoELayer(nn.Module):
         start, size = whole.start, whole.size
         if target == "w13":
             assert part is not None
-            piece = tensor[start:start + size]
-            destination = param.data[expert, part * size:(part + 1) * size]
+            piece = tensor[..., start:start + size, :]
+            destination = param.data[experts, part * size:(part + 1) * size]
         else:
-            piece = tensor[:, start:start + size]
-            destination = param.data[expert]
+            piece = tensor[..., start:start + size]
+            destination = param.data[experts]
         destination.copy_(piece)
