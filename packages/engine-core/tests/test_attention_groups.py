@@ -208,7 +208,13 @@ class _LayerTypes:
     def attention(self, prefix: str, **kwargs: Any) -> Any:
         if self._layer_types[int(prefix.split(".")[2])] != "sliding_attention":
             kwargs["sliding_window"] = None
+            kwargs["logits_soft_cap"] = FULL_LAYER_CAP
         return self._factory.attention(prefix, **kwargs)
+
+
+#: The soft cap of :class:`PerLayerQwen2`'s full-attention layers: so large that it changes
+#: no score measurably (transformers' Qwen2 has none), yet a spec field to answer.
+FULL_LAYER_CAP = 1e5
 
 
 class PerLayerQwen2(Qwen2ForCausalLM):
@@ -233,8 +239,9 @@ def test_the_engine_serves_layers_of_two_windows(per_layer_checks: ModelChecks) 
     """Through the engine (worker, cpu backend, one builder per group): transformers' logits
     and tokens, also in chunks and from the prefix cache; bfloat16 as a step graph."""
     model = per_layer_checks.logits_and_greedy_tokens()
-    windows = [layer.self_attn.attn.impl.params.spec.sliding_window for layer in model.layers]
-    assert windows == [5, None]
+    specs = [layer.self_attn.attn.impl.params.spec for layer in model.layers]
+    assert [(s.sliding_window, s.logits_soft_cap) for s in specs] == [(5, None),
+                                                                      (None, FULL_LAYER_CAP)]
     with per_layer_checks.llm() as llm:
         builder = llm.llm_engine.core.worker.model_runner.builder
         assert isinstance(builder, GroupedMetadataBuilder)
@@ -243,6 +250,27 @@ def test_the_engine_serves_layers_of_two_windows(per_layer_checks: ModelChecks) 
     per_layer_checks.chunked_prefill()
     per_layer_checks.prefix_cache()
     per_layer_checks.bfloat16_step_graph()
+
+
+def test_a_layer_the_default_backend_refuses_moves_the_model_to_torch(
+        per_layer_checks: ModelChecks, monkeypatch: pytest.MonkeyPatch, caplog) -> None:
+    """The cpu backend as if it predated logits_soft_cap: the engine's gate refuses it the
+    capped layer; by default torch serves the model (logged), named it is an error."""
+    monkeypatch.setattr(CpuAttentionBackend, "answered_spec_fields", frozenset())
+    with caplog.at_level(logging.WARNING), per_layer_checks.llm() as llm:
+        built = llm.llm_engine.core.worker.built
+        assert built.backend is TorchAttentionBackend
+        assert all(type(layer.self_attn.attn.impl) is TorchAttentionBackend.get_impl_cls()
+                   for layer in built.model.layers)
+        assert per_layer_checks.run(llm) == per_layer_checks.hf_tokens
+    assert ("backend 'cpu' (the engine's choice: no --attention-backend) cannot serve layer "
+            "'model.layers.1.self_attn.attn'") in caplog.text
+    with pytest.raises(UnsupportedError) as err:
+        per_layer_checks.llm(attention_backend="cpu")
+    text = str(err.value)
+    assert "attention layer 'model.layers.1.self_attn.attn'" in text
+    assert "attention backend 'cpu' cannot serve it" in text
+    assert "logits_soft_cap=100000.0 not supported" in text
 
 
 class NoCapBackend(TorchAttentionBackend):
