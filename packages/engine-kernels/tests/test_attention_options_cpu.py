@@ -1,8 +1,9 @@
-"""The ``cpu`` backend's attention options: the logit soft cap in the C++ kernel."""
+"""The ``cpu`` backend's attention options: the logit soft cap and sinks in the C++ kernel."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from engine.kernels.attention.backend import TritonAttentionBackend
 from engine.kernels.cpu.attention import CpuAttentionBackend
@@ -28,7 +29,26 @@ def test_cpu_backend_caps_the_scores(head_size, reqs, window, dtype, tol) -> Non
     check_step(result, scale, window=window, soft_cap=cap, tol=tol)
 
 
-def test_triton_backend_refuses_the_cap_with_a_reason() -> None:
+SINKS = torch.tensor([3.0, -1.0, 0.5, 6.0])
+
+
+@pytest.mark.parametrize("head_size", [8, 64])
+@pytest.mark.parametrize("reqs", [MIXED, EQUAL_DECODES], ids=["mixed", "equal_decodes"])
+@pytest.mark.parametrize("cap", [None, 2.0])
+@pytest.mark.parametrize("dtype,tol", [("float32", 1e-5), ("bfloat16", 3e-2)])
+def test_cpu_backend_adds_the_sinks_to_the_softmax(head_size, reqs, cap, dtype, tol) -> None:
+    scale = head_size ** -0.5
+    spec = spec_of(dtype, head_size, sliding_window=5, logits_soft_cap=cap, has_sinks=True)
+    assert backend_supports(CpuAttentionBackend, spec)
+    result = run_step(CpuAttentionBackend, spec, scale, reqs=reqs,
+                      params={"sinks": SINKS.clone()})
+    check_step(result, scale, window=5, soft_cap=cap, sinks=SINKS, tol=tol)
+
+
+def test_triton_backend_refuses_the_cap_and_sinks_with_a_reason() -> None:
     answer = TritonAttentionBackend.supports(spec_of(logits_soft_cap=50.0))
     assert not answer
     assert "logits_soft_cap=50.0 not supported" in answer.reason
+    answer = TritonAttentionBackend.supports(spec_of(has_sinks=True))
+    assert not answer
+    assert "attention sinks not supported" in answer.reason

@@ -13,16 +13,17 @@ from engine.sdk.attention import AttentionSpec
 from engine.sdk.support import Support
 
 #: The ``answered_spec_fields`` of the backends that call :func:`decoder_support`.
-ANSWERED_SPEC_FIELDS = frozenset({"logits_soft_cap"})
+ANSWERED_SPEC_FIELDS = frozenset({"logits_soft_cap", "has_sinks"})
 
 
 def decoder_support(spec: AttentionSpec, dtypes: Sequence[str], dtype_hint: str = "", *,
-                    soft_cap: bool = False) -> Support:
+                    soft_cap: bool = False, sinks: bool = False) -> Support:
     """Yes for causal attention over a KV cache of ``spec.dtype``, one of ``dtypes``.
 
     ``dtype_hint`` follows the refusal of another dtype (where another backend takes it).
     ``soft_cap``: the backend implements ``spec.logits_soft_cap`` (else a spec with one is
-    refused, naming the ``torch`` backend, which does).
+    refused, naming the ``torch`` backend, which does); ``sinks`` likewise for
+    ``spec.has_sinks``.
     """
     if spec.dtype not in dtypes:
         return Support.no(f"dtype {spec.dtype} not supported; supported: "
@@ -38,6 +39,9 @@ def decoder_support(spec: AttentionSpec, dtypes: Sequence[str], dtype_hint: str 
     if spec.logits_soft_cap is not None and not soft_cap:
         return Support.no(f"logits_soft_cap={spec.logits_soft_cap} not supported (the torch "
                           f"backend supports it: --attention-backend torch)")
+    if spec.has_sinks and not sinks:
+        return Support.no("attention sinks not supported (the torch backend supports them: "
+                          "--attention-backend torch)")
     return Support.yes()
 
 

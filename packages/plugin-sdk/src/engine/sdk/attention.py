@@ -20,11 +20,13 @@ engine never gives it to a request, so padding entries of ``slot_mapping`` and u
 entries of ``block_table`` point at it, and a kernel may write there unconditionally (a
 captured CUDA graph cannot skip padding rows).
 
-Selection (in each worker, once per distinct spec): ``--attention-backend NAME`` names
-the only candidate; otherwise the platform's default. :func:`select_backend` asks each
+Selection (in each worker, once per model): ``--attention-backend NAME`` names the only
+candidate; otherwise the platform's default. :func:`select_backend` asks each
 candidate's :meth:`~AttentionBackend.supports` and raises
 :class:`~engine.sdk.errors.UnsupportedError` listing every candidate with its reason
-when none fits.
+when none fits. Each attention layer's own spec is then checked against the chosen
+backend as the model builds it (:func:`backend_supports`); the layers are grouped by spec,
+one metadata builder per group (since 1.1).
 
 .. versionadded:: 1.0
 """
@@ -101,13 +103,19 @@ class AttentionSpec:
             ``attn_logit_softcapping``); ``None`` for none. A backend answers it only if it
             lists ``"logits_soft_cap"`` in :attr:`AttentionBackend.answered_spec_fields`
             (added in 1.1).
+        has_sinks: Attention sinks (GPT-OSS): each query head has a learned logit that
+            joins its scores in the softmax and is dropped after, so it only adds
+            ``exp(sink)`` to the denominator. The values are the layer's
+            :attr:`AttentionImplParams.sinks`. Answered only by a backend listing
+            ``"has_sinks"`` in :attr:`AttentionBackend.answered_spec_fields` (added in 1.1).
 
     Raises:
         ValueError: A count is not positive, ``num_kv_heads`` does not divide
-            ``num_heads``, or ``logits_soft_cap`` is not a finite number > 0.
+            ``num_heads``, ``logits_soft_cap`` is not a finite number > 0, or
+            ``has_sinks`` is not a bool.
 
     .. versionadded:: 1.0
-    .. versionchanged:: 1.1 Added ``logits_soft_cap``.
+    .. versionchanged:: 1.1 Added ``logits_soft_cap`` and ``has_sinks``.
     """
 
     num_heads: int
@@ -120,6 +128,7 @@ class AttentionSpec:
     is_causal: bool = True
     platform: PlatformInfo | None = None
     logits_soft_cap: float | None = None
+    has_sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
@@ -141,6 +150,8 @@ class AttentionSpec:
             raise ValueError(
                 f"AttentionSpec.logits_soft_cap must be a finite number > 0 or None, got {cap!r}"
             )
+        if not isinstance(self.has_sinks, bool):
+            raise ValueError(f"AttentionSpec.has_sinks must be a bool, got {self.has_sinks!r}")
 
     def describe(self) -> str:
         """One line for error messages, e.g. ``heads=32/8 head_size=128 dtype=bfloat16 ...``."""
@@ -150,6 +161,7 @@ class AttentionSpec:
         )
         text += "" if self.sliding_window is None else f" sliding_window={self.sliding_window}"
         text += "" if self.logits_soft_cap is None else f" logits_soft_cap={self.logits_soft_cap}"
+        text += " sinks" if self.has_sinks else ""
         text += "" if self.is_causal else " non-causal"
         return text + ("" if self.platform is None else f" platform={self.platform.name}")
 
@@ -242,14 +254,21 @@ class AttentionImplParams:
         layer_name: The layer's name, e.g. ``"model.layers.0.self_attn.attn"``.
         scale: Softmax scale applied to ``q @ k^T`` (usually ``head_size ** -0.5``).
         options: The backend's validated options (its ``Options`` model).
+        sinks: With ``spec.has_sinks``: the layer's attention sinks, a float32 ``[num_heads]``
+            tensor (this rank's heads) on the layer's device; otherwise None. The layer
+            owns it and the model loads the checkpoint's values into it (in place) after
+            the implementation is built: read it in ``forward``, never copy it in
+            ``__init__``. Its storage stays put (a CPU step graph may record its pointer).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``sinks``.
     """
 
     spec: AttentionSpec
     layer_name: str
     scale: float
     options: PluginOptions = field(default_factory=PluginOptions)
+    sinks: torch.Tensor | None = None
 
 
 class AttentionMetadataBuilder(ABC, Generic[MetadataT]):
@@ -461,7 +480,8 @@ class AttentionBackend(Plugin, ABC):
     field (to anything but its default, e.g. ``logits_soft_cap`` not None) for a backend
     that does not list it here, naming the field. List a field once ``supports`` answers
     it, implementing it or refusing it with a reason. Fields added in 1.1:
-    ``"logits_soft_cap"``. An unknown name is a ``TypeError`` at class creation.
+    ``"logits_soft_cap"``, ``"has_sinks"``. An unknown name is a ``TypeError`` at class
+    creation.
 
     .. versionadded:: 1.1
     """
@@ -528,11 +548,13 @@ class AttentionBackend(Plugin, ABC):
     def supports(cls, spec: AttentionSpec) -> Support:
         """Whether this backend can serve layers with ``spec``, and if not, why.
 
-        Called: in the worker, once per distinct spec during backend selection, before
-        any model weights are loaded; also by ``engine plugins check``.
+        Called: in the worker, once per distinct spec during backend selection, and with
+        each attention layer's own spec as the model is built (since 1.1), before any
+        model weights are loaded; also by ``engine plugins check``.
 
         Args:
-            spec: Head geometry, dtypes, block size, sliding window, causality, platform.
+            spec: Head geometry, dtypes, block size, sliding window, causality, platform,
+                and the fields listed in :attr:`answered_spec_fields` (since 1.1).
 
         Returns:
             ``Support.yes()``, or ``Support.no(reason)`` naming the first unsupported
@@ -544,7 +566,8 @@ class AttentionBackend(Plugin, ABC):
         raise NotImplementedError
 
 
-ADDED_SPEC_FIELDS: Mapping[str, object] = MappingProxyType({"logits_soft_cap": None})
+ADDED_SPEC_FIELDS: Mapping[str, object] = MappingProxyType(
+    {"logits_soft_cap": None, "has_sinks": False})
 """The :class:`AttentionSpec` fields added since 1.0, each with the default that keeps the
 1.0 meaning (see :attr:`AttentionBackend.answered_spec_fields`).
 
@@ -614,6 +637,8 @@ def select_backend(
             :class:`~engine.sdk.support.Support`.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Asks through :func:`backend_supports`: a candidate is refused a
+        spec field added since 1.0 that it does not list in ``answered_spec_fields``.
     """
     reasons: list[tuple[str, str]] = []
     for backend in candidates:
