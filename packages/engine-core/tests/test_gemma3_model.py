@@ -88,8 +88,6 @@ def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenar
     getattr(checks, scenario)()
 
 
-@pytest.mark.xfail(reason="needs attn-options: the torch backend's metadata builder takes the "
-                          "first layer's sliding window for every layer", strict=False)
 def test_the_torch_backend_gives_the_tokens_of_transformers(checks: ModelChecks) -> None:
     with checks.llm(attention_backend="torch") as llm:
         assert checks.run(llm) == checks.hf_tokens
