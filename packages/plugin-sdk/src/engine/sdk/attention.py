@@ -33,9 +33,11 @@ from __future__ import annotations
 
 import enum
 import inspect
+import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, TypeVar
 
 from engine.sdk.capture import CaptureContext, GraphKind, not_declared
@@ -94,12 +96,24 @@ class AttentionSpec:
             token included); ``None`` for full attention.
         is_causal: Causal masking (decoder self-attention).
         platform: The device the backend would run on; ``None`` only in unit tests.
+        logits_soft_cap: Cap the scores smoothly: after scaling, before masking and the
+            softmax, each score ``s`` becomes ``cap * tanh(s / cap)`` (Gemma 2's
+            ``attn_logit_softcapping``); ``None`` for none. A backend answers it only if it
+            lists ``"logits_soft_cap"`` in :attr:`AttentionBackend.answered_spec_fields`
+            (added in 1.1).
+        has_sinks: Attention sinks (GPT-OSS): each query head has a learned logit that
+            joins its scores in the softmax and is dropped after, so it only adds
+            ``exp(sink)`` to the denominator. The values are the layer's
+            :attr:`AttentionImplParams.sinks`. Answered only by a backend listing
+            ``"has_sinks"`` in :attr:`AttentionBackend.answered_spec_fields` (added in 1.1).
 
     Raises:
-        ValueError: A count is not positive, or ``num_kv_heads`` does not divide
-            ``num_heads``.
+        ValueError: A count is not positive, ``num_kv_heads`` does not divide
+            ``num_heads``, ``logits_soft_cap`` is not a finite number > 0, or
+            ``has_sinks`` is not a bool.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``logits_soft_cap`` and ``has_sinks``.
     """
 
     num_heads: int
@@ -111,6 +125,8 @@ class AttentionSpec:
     sliding_window: int | None = None
     is_causal: bool = True
     platform: PlatformInfo | None = None
+    logits_soft_cap: float | None = None
+    has_sinks: bool = False
 
     def __post_init__(self) -> None:
         for name in ("num_heads", "num_kv_heads", "head_size", "block_size"):
@@ -126,6 +142,14 @@ class AttentionSpec:
             raise ValueError(
                 f"AttentionSpec.sliding_window must be >= 1 or None, got {self.sliding_window}"
             )
+        cap = self.logits_soft_cap
+        if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float))
+                                or not math.isfinite(cap) or cap <= 0):
+            raise ValueError(
+                f"AttentionSpec.logits_soft_cap must be a finite number > 0 or None, got {cap!r}"
+            )
+        if not isinstance(self.has_sinks, bool):
+            raise ValueError(f"AttentionSpec.has_sinks must be a bool, got {self.has_sinks!r}")
 
     def describe(self) -> str:
         """One line for error messages, e.g. ``heads=32/8 head_size=128 dtype=bfloat16 ...``."""
@@ -134,6 +158,8 @@ class AttentionSpec:
             f"dtype={self.dtype} kv_cache_dtype={self.kv_cache_dtype} block_size={self.block_size}"
         )
         text += "" if self.sliding_window is None else f" sliding_window={self.sliding_window}"
+        text += "" if self.logits_soft_cap is None else f" logits_soft_cap={self.logits_soft_cap}"
+        text += " sinks" if self.has_sinks else ""
         text += "" if self.is_causal else " non-causal"
         return text + ("" if self.platform is None else f" platform={self.platform.name}")
 
@@ -226,14 +252,21 @@ class AttentionImplParams:
         layer_name: The layer's name, e.g. ``"model.layers.0.self_attn.attn"``.
         scale: Softmax scale applied to ``q @ k^T`` (usually ``head_size ** -0.5``).
         options: The backend's validated options (its ``Options`` model).
+        sinks: With ``spec.has_sinks``: the layer's attention sinks, a float32 ``[num_heads]``
+            tensor (this rank's heads) on the layer's device; otherwise None. The layer
+            owns it and the model loads the checkpoint's values into it (in place) after
+            the implementation is built: read it in ``forward``, never copy it in
+            ``__init__``. Its storage stays put (a CPU step graph may record its pointer).
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Added ``sinks``.
     """
 
     spec: AttentionSpec
     layer_name: str
     scale: float
     options: PluginOptions = field(default_factory=PluginOptions)
+    sinks: torch.Tensor | None = None
 
 
 class AttentionMetadataBuilder(ABC, Generic[MetadataT]):
@@ -437,6 +470,34 @@ class AttentionBackend(Plugin, ABC):
 
     name: ClassVar[str] = ""
     cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.NEVER
+    answered_spec_fields: ClassVar[frozenset[str]] = frozenset()
+    """The :class:`AttentionSpec` fields added since 1.0 that :meth:`supports` answers.
+
+    A backend written before a field existed cannot refuse it: its ``supports`` never looks
+    at it. So the engine (:func:`backend_supports`) itself refuses a spec that sets such a
+    field (to anything but its default, e.g. ``logits_soft_cap`` not None) for a backend
+    that does not list it here, naming the field. List a field once ``supports`` answers
+    it, implementing it or refusing it with a reason. Fields added in 1.1:
+    ``"logits_soft_cap"``, ``"has_sinks"``. An unknown name is a ``TypeError`` at class
+    creation.
+
+    .. versionadded:: 1.1
+    """
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "answered_spec_fields" in cls.__dict__:
+            fields = cls.__dict__["answered_spec_fields"]
+            if isinstance(fields, (str, bytes)) or not isinstance(fields, Iterable):
+                raise TypeError(f"{cls.__qualname__}.answered_spec_fields must be a collection "
+                                f"of AttentionSpec field names, got {fields!r}")
+            unknown = sorted(str(f) for f in fields if f not in ADDED_SPEC_FIELDS)
+            if unknown:
+                raise TypeError(
+                    f"{cls.__qualname__}.answered_spec_fields: {', '.join(unknown)} not among "
+                    f"the AttentionSpec fields added since 1.0 "
+                    f"({', '.join(sorted(ADDED_SPEC_FIELDS))})")
+            cls.answered_spec_fields = frozenset(fields)
 
     @classmethod
     @abstractmethod
@@ -501,14 +562,58 @@ class AttentionBackend(Plugin, ABC):
         raise NotImplementedError
 
 
+ADDED_SPEC_FIELDS: Mapping[str, object] = MappingProxyType(
+    {"logits_soft_cap": None, "has_sinks": False})
+"""The :class:`AttentionSpec` fields added since 1.0, each with the default that keeps the
+1.0 meaning (see :attr:`AttentionBackend.answered_spec_fields`).
+
+.. versionadded:: 1.1
+"""
+
+
 def _label(cls: type[AttentionBackend]) -> str:
     return cls.name or f"{cls.__module__}:{cls.__qualname__}"
+
+
+def backend_supports(backend: type[AttentionBackend], spec: AttentionSpec) -> Support:
+    """``backend.supports(spec)``, after refusing the fields the backend does not answer.
+
+    A spec that sets a field added since 1.0 (to anything but its default) is refused for a
+    backend that does not list the field in :attr:`AttentionBackend.answered_spec_fields`,
+    without asking it: its ``supports`` predates the field and would say yes to it unseen.
+
+    Called: by the engine wherever it asks a backend about a spec (selection, the
+    platform's default, the measured choice, each layer of a model).
+
+    Returns:
+        ``Support.yes()``, or ``Support.no(reason)``.
+
+    Raises:
+        TypeError: ``supports`` returned something other than a
+            :class:`~engine.sdk.support.Support`.
+
+    .. versionadded:: 1.1
+    """
+    for field_name, default in ADDED_SPEC_FIELDS.items():
+        value = getattr(spec, field_name)
+        if value != default and field_name not in backend.answered_spec_fields:
+            return Support.no(
+                f"{field_name}={value!r} not supported: the backend does not declare that it "
+                f"answers AttentionSpec.{field_name} (a backend lists the fields added since "
+                f"SDK 1.0 that its supports() answers in answered_spec_fields)")
+    answer = backend.supports(spec)
+    if not isinstance(answer, Support):
+        raise TypeError(
+            f"attention backend {_label(backend)}: supports() must return "
+            f"engine.sdk.Support, got {answer!r}"
+        )
+    return answer
 
 
 def select_backend(
     candidates: Sequence[type[AttentionBackend]], spec: AttentionSpec
 ) -> type[AttentionBackend]:
-    """The first candidate whose ``supports(spec)`` is yes.
+    """The first candidate whose ``supports(spec)`` is yes (:func:`backend_supports`).
 
     Called: by the engine in each worker, once per distinct spec. Candidates are in
     preference order: just the forced one for ``--attention-backend``, otherwise the
@@ -535,12 +640,7 @@ def select_backend(
             missing = ", ".join(sorted(getattr(backend, "__abstractmethods__", ())))
             reasons.append((_label(backend), f"abstract methods left unimplemented: {missing}"))
             continue
-        answer = backend.supports(spec)
-        if not isinstance(answer, Support):
-            raise TypeError(
-                f"attention backend {_label(backend)}: supports() must return "
-                f"engine.sdk.Support, got {answer!r}"
-            )
+        answer = backend_supports(backend, spec)
         if answer.ok:
             return backend
         reasons.append((_label(backend), answer.reason))

@@ -311,7 +311,9 @@ class LayerFactory(Protocol):
         """
 
     def attention(self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int,
-                  scale: float, sliding_window: int | None = None) -> AttentionLayer:
+                  scale: float, sliding_window: int | None = None,
+                  logits_soft_cap: float | None = None,
+                  sinks: bool = False) -> AttentionLayer:
         """An attention layer served by the selected attention backend.
 
         Args:
@@ -322,13 +324,23 @@ class LayerFactory(Protocol):
             head_size: Elements per head.
             scale: Softmax scale, usually ``head_size ** -0.5``.
             sliding_window: Attend to at most this many past tokens; ``None``: all.
+            logits_soft_cap: Cap the scaled scores smoothly, ``cap * tanh(score / cap)``
+                before the softmax (Gemma 2's ``attn_logit_softcapping``); ``None``: no
+                cap (:attr:`engine.sdk.attention.AttentionSpec.logits_soft_cap`).
+            sinks: Attention sinks (GPT-OSS): the layer then has a parameter ``sinks``,
+                float32 ``[num_heads]`` (this rank's heads), one logit per head added to
+                the softmax's denominator
+                (:attr:`engine.sdk.attention.AttentionSpec.has_sinks`). Load it with
+                ``layer.load_weight("sinks", tensor)``, ``tensor`` the checkpoint's
+                whole ``[num_heads * tp_size]`` (e.g. ``model.layers.N.self_attn.sinks``):
+                the layer keeps its rank's heads.
 
         Returns:
             The layer (a ``torch.nn.Module``).
 
         Raises:
-            ValueError: a count is not positive, or ``num_kv_heads`` does not divide
-                ``num_heads``.
+            ValueError: a count is not positive, ``num_kv_heads`` does not divide
+                ``num_heads``, or ``logits_soft_cap`` is not a finite number > 0.
 
         .. versionadded:: 1.1
         """

@@ -10,6 +10,12 @@ Grouped-query attention is folded into the query axis: the ``G = heads / kv_head
 heads that share a KV head become ``G`` times as many query rows of that KV head
 (``[n, kv_heads, G * Q, D]``), so the keys and values are never repeated per query head
 (``enable_gqa`` does that on the CPU: ~3x slower for a 12/4-head decode step, measured).
+
+A layer with a logit soft cap (``spec.logits_soft_cap``) or attention sinks
+(``spec.has_sinks``) cannot use SDPA, which has no hook between the scores and the softmax:
+its groups run the same product written out (``_explicit_attention``: scores, ``cap *
+tanh(scores / cap)``, the mask, each head's sink logit joined to its scores, a float32
+softmax, the sink's column dropped).
 """
 
 from __future__ import annotations
@@ -99,8 +105,15 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             q = query[group.q_index.view(-1)].view(n, q_len, num_kv_heads, -1, head_size)
             groups = q.shape[3]
             q = q.permute(0, 2, 3, 1, 4).reshape(n, num_kv_heads, groups * q_len, head_size)
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
-                                                 scale=self.params.scale)
+            cap, sinks = self.params.spec.logits_soft_cap, self.params.sinks
+            if cap is None and sinks is None:
+                out = F.scaled_dot_product_attention(q, k, v, attn_mask=group.mask,
+                                                     scale=self.params.scale)
+            else:
+                # Sink of row g * Q + i of KV head kvh: that of head kvh * G + g.
+                rows = None if sinks is None else sinks.view(num_kv_heads, groups, 1).expand(
+                    num_kv_heads, groups, q_len).reshape(1, num_kv_heads, groups * q_len, 1)
+                out = _explicit_attention(q, k, v, group.mask, self.params.scale, cap, rows)
             # [n, KVH, G * Q, D] -> [n * Q, H * D]
             out = out.view(n, num_kv_heads, groups, q_len, head_size).permute(0, 3, 1, 2, 4)
             out = out.reshape(n * q_len, -1)
@@ -113,6 +126,30 @@ class TorchAttentionImpl(AttentionImpl[TorchAttentionMetadata]):
             return Support.no("SDPA over gathered blocks is torch compute, which the CPU step "
                               "graph cannot replay (the cpu backend can be recorded)")
         return super().capture_support(ctx)
+
+
+def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor | None, scale: float, cap: float | None,
+                        sinks: torch.Tensor | None) -> torch.Tensor:
+    """SDPA written out, with the scores capped and the sinks in the softmax.
+
+    ``softmax([mask(cap * tanh(q k^T * scale / cap)), sink])[..., :-1] v``, as
+    transformers' eager Gemma 2 (cap) and GPT-OSS (sinks) attention: the product in the
+    inputs' dtype, the cap and the softmax in float32, the probabilities back in ``v``'s
+    dtype for the weighted sum. ``mask`` (boolean, True = visible) broadcasts over the
+    scores ``[n, KVH, rows, L]``; ``sinks`` is ``[1, KVH, rows, 1]`` float32.
+    """
+    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    if cap is not None:
+        scores = torch.tanh(scores / cap) * cap
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is None:
+        probs = torch.softmax(scores, dim=-1)
+    else:
+        sink_column = sinks.to(scores.device, torch.float32).expand(*scores.shape[:-1], 1)
+        probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
+    return torch.matmul(probs.to(v.dtype), v)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor,
@@ -134,6 +171,8 @@ class TorchAttentionBackend(AttentionBackend):
 
     name: ClassVar[str] = "torch"
     cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.NEVER
+    answered_spec_fields: ClassVar[frozenset[str]] = frozenset({"logits_soft_cap",
+                                                                 "has_sinks"})
 
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl[Any]]:
@@ -164,4 +203,4 @@ class TorchAttentionBackend(AttentionBackend):
         if spec.num_heads % spec.num_kv_heads:
             return Support.no(f"num_heads {spec.num_heads} is not a multiple of num_kv_heads "
                               f"{spec.num_kv_heads}")
-        return Support.yes()
+        return Support.yes()  # any sliding window, logits_soft_cap and sinks

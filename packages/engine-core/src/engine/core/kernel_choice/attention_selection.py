@@ -28,7 +28,7 @@ from engine.core.kernel_choice.plan import KernelPlan, choose
 from engine.core.kernel_choice.selection import decide, identity, machine_key
 from engine.core.plugin_options import validated_options
 from engine.core.plugins import PluginCatalog
-from engine.sdk.attention import AttentionBackend, AttentionSpec
+from engine.sdk.attention import AttentionBackend, AttentionSpec, backend_supports
 from engine.sdk.errors import PluginError
 from engine.sdk.groups import ATTENTION_BACKENDS
 from engine.sdk.platform import Platform
@@ -53,7 +53,7 @@ def _candidates(catalog: PluginCatalog, spec: AttentionSpec, default: str,
         try:
             entry = catalog.resolve(ATTENTION_BACKENDS, name)
             backend: type[AttentionBackend] = catalog.load_resolved(entry)
-            support = backend.supports(spec)
+            support = backend_supports(backend, spec)
             if not support:
                 logger.debug("attention backend %s: not a candidate (%s)", name,
                              support.reason)

@@ -76,11 +76,13 @@ class CpuPlatform(Platform):
         reason is logged once and engine-core's ``torch`` backend serves.
         """
         from engine.core.plugins import get_catalog
+        from engine.sdk.attention import backend_supports
         from engine.sdk.errors import PluginError
         from engine.sdk.groups import ATTENTION_BACKENDS
 
         try:
-            support = get_catalog().load(ATTENTION_BACKENDS, PREFERRED_BACKEND).supports(spec)
+            support = backend_supports(get_catalog().load(ATTENTION_BACKENDS, PREFERRED_BACKEND),
+                                       spec)
         except PluginError as exc:
             support = Support.no(str(exc))
         if support:

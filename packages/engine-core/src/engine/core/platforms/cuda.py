@@ -21,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from engine.sdk.attention import AttentionSpec
+from engine.sdk.attention import AttentionSpec, backend_supports
 from engine.sdk.groups import ATTENTION_BACKENDS
 from engine.sdk.platform import Platform
 from engine.sdk.support import Support
@@ -102,7 +102,8 @@ class CudaPlatform(Platform):
                         "provides it); using %r", PREFERRED_BACKEND, FALLBACK_BACKEND)
             return FALLBACK_BACKEND
         backend = catalog.load(ATTENTION_BACKENDS, PREFERRED_BACKEND)
-        answer = backend.supports(spec)  # as given: asking the device would start CUDA here
+        # as given: asking the device would start CUDA here
+        answer = backend_supports(backend, spec)
         if not answer.ok:
             logger.info("attention: %r cannot serve %s (%s); using %r", PREFERRED_BACKEND,
                         spec.describe(), answer.reason, FALLBACK_BACKEND)

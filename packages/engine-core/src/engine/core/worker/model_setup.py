@@ -164,6 +164,9 @@ def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int,
                          tp_size: int = 1) -> AttentionSpec:
     """One rank's attention spec of a Llama-family config (for backend selection).
 
+    A guess from the config's usual keys (``sliding_window``, Gemma 2's
+    ``attn_logit_softcapping``); each layer's own spec is checked as the model builds it.
+
     With ``tp_size`` ranks a rank holds ``num_heads / tp_size`` query heads and its share
     of the KV heads (one replicated head when there are fewer KV heads than ranks).
     """
@@ -179,6 +182,7 @@ def probe_attention_spec(hf_config: Any, dtype: torch.dtype, block_size: int,
         num_kv_heads=head_slice(num_kv_heads, 0, tp_size).size,
         head_size=head_size, dtype=dtype_name, kv_cache_dtype=dtype_name,
         block_size=block_size, sliding_window=window,
+        logits_soft_cap=getattr(hf_config, "attn_logit_softcapping", None),
     )
 
 

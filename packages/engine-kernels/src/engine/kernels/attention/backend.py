@@ -29,7 +29,7 @@ import torch
 
 from engine.kernels._triton import device_problem
 from engine.kernels.attention.batch import PagedBatch
-from engine.kernels.attention_spec import decoder_support
+from engine.kernels.attention_spec import ANSWERED_SPEC_FIELDS, decoder_support
 from engine.sdk.attention import (
     AttentionBackend,
     AttentionImpl,
@@ -79,6 +79,7 @@ class TritonAttentionBackend(AttentionBackend):
 
     name: ClassVar[str] = "triton"
     cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.UNIFORM_BATCH
+    answered_spec_fields: ClassVar[frozenset[str]] = ANSWERED_SPEC_FIELDS
 
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl[Any]]:

@@ -2,12 +2,13 @@
 
 Every query row of the step (decodes and prefill chunks alike) goes to the native kernel
 (``engine/kernels/cpu/native/paged_attention.cpp``): one work item per query row and KV head,
-keys and values read in place from their blocks, float32 softmax, OpenMP over torch's
-threads. Nothing is gathered, padded or masked, so a step costs what its cached context
-does. The new keys and values are written into their slots by the same library. Against
-the ``torch`` backend's SDPA over gathered blocks, the 12 layers of the benchmark model:
-4-9x faster per decode step of 64 requests, 1.3-2.6x on prefill chunks up to 1024 tokens
-(``benchmarks/attention_cpu.py``).
+keys and values read in place from their blocks, float32 softmax (the logit soft cap
+applied first when the layer has one, its attention sinks added to the denominator),
+OpenMP over torch's threads. Nothing is gathered, padded or masked, so a step costs what
+its cached context does. The new keys and values are written into their slots by the same
+library. Against the ``torch`` backend's SDPA over gathered blocks, the 12 layers of the
+benchmark model: 4-9x faster per decode step of 64 requests, 1.3-2.6x on prefill chunks up
+to 1024 tokens (``benchmarks/attention_cpu.py``).
 
 The backend is engine-kernels', an entry of ``engine.attention_backends`` like any
 plugin's. It needs a C++ compiler at first use (the build is cached; see
@@ -26,7 +27,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 
-from engine.kernels.attention_spec import decoder_support
+from engine.kernels.attention_spec import ANSWERED_SPEC_FIELDS, decoder_support
 from engine.kernels.cpu import native
 from engine.sdk.attention import (
     AttentionBackend,
@@ -135,7 +136,8 @@ class CpuAttentionImpl(AttentionImpl[CpuAttentionMetadata]):
             query, key_cache, value_cache, metadata.block_table, metadata.requests,
             metadata.positions, output,
             scale if scale is not None else query.shape[-1] ** -0.5,
-            self.params.spec.sliding_window)
+            self.params.spec.sliding_window, self.params.spec.logits_soft_cap,
+            self.params.sinks)
         return output
 
     def capture_support(self, ctx: CaptureContext) -> Support:
@@ -150,6 +152,7 @@ class CpuAttentionBackend(AttentionBackend):
 
     name: ClassVar[str] = "cpu"
     cudagraph_support: ClassVar[CudaGraphSupport] = CudaGraphSupport.NEVER
+    answered_spec_fields: ClassVar[frozenset[str]] = ANSWERED_SPEC_FIELDS
 
     @classmethod
     def get_impl_cls(cls) -> type[AttentionImpl[Any]]:
@@ -171,7 +174,7 @@ class CpuAttentionBackend(AttentionBackend):
             return Support.no(f"runs on the CPU only, not {spec.platform.device_type}")
         hint = (" (the torch backend takes it: --attention-backend torch)"
                 if spec.dtype == "float16" else "")
-        answer = decoder_support(spec, SUPPORTED_DTYPES, hint)
+        answer = decoder_support(spec, SUPPORTED_DTYPES, hint, soft_cap=True, sinks=True)
         if not answer:
             return answer
         try:

@@ -36,20 +36,50 @@ class Attention(nn.Module):
         num_heads: Query heads.
         num_kv_heads: Key/value heads (GQA when fewer than ``num_heads``).
         head_size: Elements per head.
+        tp_rank: This worker's tensor-parallel rank (which heads of a whole checkpoint
+            tensor are this layer's).
+        tp_size: Tensor-parallel ranks.
+
+    With attention sinks (``impl.params.sinks``, the spec's ``has_sinks``) the layer
+    registers that tensor as its parameter ``sinks`` (``[num_heads]`` float32, this rank's
+    heads): loading copies into it in place, so the implementation reads the loaded values.
     """
 
     def __init__(
         self, impl: AttentionImpl[Any], layer_name: str, num_heads: int, num_kv_heads: int,
-        head_size: int,
+        head_size: int, *, tp_rank: int = 0, tp_size: int = 1,
     ) -> None:
         super().__init__()
         self.impl = impl
+        self.tp_rank = tp_rank
+        self.tp_size = tp_size
+        sinks = impl.params.sinks
+        self.sinks = None if sinks is None else nn.Parameter(sinks, requires_grad=False)
         self.layer_name = layer_name
         self.num_heads = num_heads
         self.num_kv_heads = num_kv_heads
         self.head_size = head_size
         self.kv_cache: torch.Tensor | None = None
         self.kv_connector: KVLayerHooks | None = None
+
+    def load_weight(self, param_name: str, tensor: torch.Tensor,
+                    shard: int | None = None) -> None:
+        """Copy this rank's heads of the checkpoint's whole ``sinks`` tensor into ``sinks``.
+
+        Raises:
+            ValueError: another name, a layer without sinks, or a shape other than
+                ``[num_heads * tp_size]``.
+        """
+        whole = self.num_heads * self.tp_size
+        if param_name != "sinks" or shard is not None or self.sinks is None:
+            raise ValueError(f"{self.layer_name}: an attention layer loads only 'sinks' (built "
+                             f"with sinks=True), got {param_name!r}")
+        if tuple(tensor.shape) != (whole,):
+            raise ValueError(f"{self.layer_name}.sinks: expected the checkpoint's [{whole}] "
+                             f"(one per head), got {tuple(tensor.shape)}")
+        start = self.tp_rank * self.num_heads
+        with torch.no_grad():
+            self.sinks.copy_(tensor[start:start + self.num_heads])
 
     def capture_support(self, ctx: CaptureContext) -> Support:
         """Yes without a KV connector (the engine asks the implementation too)."""

@@ -40,7 +40,13 @@ from engine.core.model_executor.layers.fused_moe import MoELayer
 from engine.core.model_executor.layers.linear import Linear, LinearShards, UnquantizedLinearMethod
 from engine.core.model_executor.layers.rope import cos_sin_cache
 from engine.core.model_executor.linear_kernels import TorchLinearKernel
-from engine.sdk.attention import AttentionBackend, AttentionImplParams, AttentionSpec
+from engine.sdk.attention import (
+    AttentionBackend,
+    AttentionImplParams,
+    AttentionSpec,
+    backend_supports,
+)
+from engine.sdk.errors import UnsupportedError
 from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_linear_kernel
 from engine.sdk.ops import (
     CustomOp,
@@ -208,23 +214,40 @@ class LayerFactory:
 
     def attention(
         self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,
-        sliding_window: int | None = None,
+        sliding_window: int | None = None, logits_soft_cap: float | None = None,
+        sinks: bool = False,
     ) -> Attention:
         """An attention layer served by the selected backend.
 
         ``num_heads`` / ``num_kv_heads`` are this rank's heads (what its qkv layer
         produces, e.g. ``qkv.output_partition_sizes[0] // head_size``); the KV cache is
-        sized by them.
+        sized by them. With ``sinks`` the layer holds a float32 ``[num_heads]`` parameter
+        ``sinks`` that the implementation reads (``AttentionImplParams.sinks``); its
+        ``load_weight("sinks", whole)`` keeps this rank's heads of the checkpoint's tensor.
+
+        Raises:
+            UnsupportedError: the selected backend refuses this layer's spec (its
+                ``supports``, or a spec field it does not answer), naming the layer, the
+                backend and the reason.
         """
         spec = AttentionSpec(
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
             dtype=self.dtype_name, kv_cache_dtype=self.dtype_name, block_size=self.block_size,
-            sliding_window=sliding_window,
+            sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, has_sinks=sinks,
         )
+        answer = backend_supports(self.attention_backend, spec)
+        if not answer:
+            name = self.attention_backend.name or self.attention_backend.__qualname__
+            raise UnsupportedError(
+                f"attention layer {prefix!r} ({spec.describe()}): attention backend {name!r} "
+                f"cannot serve it", [(name, answer.reason)])
+        # Zeros until the model loads them; the parameter and the impl share the tensor.
+        sink_values = torch.zeros(num_heads, dtype=torch.float32) if sinks else None
         params = AttentionImplParams(spec=spec, layer_name=prefix, scale=scale,
-                                     options=self.backend_options)
+                                     options=self.backend_options, sinks=sink_values)
         impl = self.attention_backend.get_impl_cls()(params)
-        layer = Attention(impl, prefix, num_heads, num_kv_heads, head_size)
+        layer = Attention(impl, prefix, num_heads, num_kv_heads, head_size,
+                          tp_rank=self.tp_rank, tp_size=self.tp_size)
         self.attention_layers[prefix] = layer
         return layer
 

@@ -14,8 +14,9 @@ int engine_paged_attention(int dtype, const void* q, int64_t q_tok, int64_t q_he
                            int64_t c_head, int64_t c_tok, const int32_t* block_table,
                            int64_t bt_stride, const int32_t* tok_req, const int32_t* tok_pos,
                            int64_t num_tokens, void* out, int64_t out_tok, int64_t out_head,
-                           int heads, int kv_heads, int head_size, int block_size,
-                           int sliding_window, float scale, int num_threads);
+                           int64_t heads_kv, int64_t dims,
+                           int sliding_window, float scale, float soft_cap,
+                           const float* sinks, int num_threads);
 void engine_write_kv(int elem_size, const void* key, int64_t k_tok, int64_t k_head,
                      const void* value, int64_t v_tok, int64_t v_head, void* k_cache,
                      void* v_cache, int64_t c_block, int64_t c_head, int64_t c_tok,

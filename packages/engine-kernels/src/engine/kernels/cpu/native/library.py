@@ -93,7 +93,7 @@ class NativeKernels:
         self._attention.restype = _I32
         self._attention.argtypes = [
             _I32, _P, _I64, _I64, _P, _P, _I64, _I64, _I64, _P, _I64, _P, _P, _I64, _P, _I64,
-            _I64, _I32, _I32, _I32, _I32, _I32, _F, _I32]
+            _I64, _I64, _I64, _I32, _F, _F, _P, _I32]
         self._write_kv = lib.engine_write_kv
         self._write_kv.restype = None
         self._write_kv.argtypes = [
@@ -436,6 +436,7 @@ class NativeKernels:
         self, query: torch.Tensor, key_cache: torch.Tensor, value_cache: torch.Tensor,
         block_table: torch.Tensor, requests: torch.Tensor, positions: torch.Tensor,
         output: torch.Tensor, scale: float, sliding_window: int | None,
+        soft_cap: float | None = None, sinks: torch.Tensor | None = None,
     ) -> None:
         """Attention of query rows over their requests' cached keys, into ``output``.
 
@@ -443,9 +444,18 @@ class NativeKernels:
         int32 ``[requests, max_blocks]`` (rows contiguous); ``requests``/``positions``:
         int32 ``[rows]``, contiguous: query row ``t < rows`` belongs to request
         ``requests[t]``, sees that request's keys ``0..positions[t]`` and fills output row
-        ``t``.
+        ``t``. ``soft_cap``: scores become ``soft_cap * tanh(score / soft_cap)`` before the
+        softmax. ``sinks``: float32 ``[heads]`` (contiguous), one more logit per head in
+        the softmax's denominator (attention sinks).
         """
         _, heads, head_size = query.shape
+        if sinks is not None and (sinks.dtype != torch.float32 or sinks.shape != (heads,)
+                                  or not sinks.is_contiguous() or not sinks.is_cpu):
+            raise ValueError(f"paged_attention: sinks must be a contiguous float32 CPU tensor "
+                             f"of [{heads}] (one per head), got {tuple(sinks.shape)} "
+                             f"{sinks.dtype} on {sinks.device}")
+        if soft_cap is not None and not soft_cap > 0:
+            raise ValueError(f"paged_attention: soft_cap must be > 0 or None, got {soft_cap}")
         _check_layout("paged_attention", (query, output), (key_cache, value_cache),
                       (block_table, requests, positions), torch.int32)
         code = _dtype_code("paged_attention", query)
@@ -454,8 +464,9 @@ class NativeKernels:
             key_cache.data_ptr(), value_cache.data_ptr(), *key_cache.stride()[:3],
             block_table.data_ptr(), block_table.stride(0), requests.data_ptr(),
             positions.data_ptr(), requests.shape[0], output.data_ptr(), output.stride(0),
-            output.stride(1), heads, key_cache.shape[1], head_size, key_cache.shape[2],
-            sliding_window or 0, scale, torch.get_num_threads()))
+            output.stride(1), heads << 32 | key_cache.shape[1],
+            head_size << 32 | key_cache.shape[2], sliding_window or 0, scale, soft_cap or 0.0,
+            None if sinks is None else sinks.data_ptr(), torch.get_num_threads()))
 
 
 def packed_matmul_size(n: int, k: int) -> int:

@@ -10,6 +10,9 @@
 //   block_table [requests, max_blocks] int32; query row t belongs to request tok_req[t] and
 //   sits at position tok_pos[t]: it sees keys 0..tok_pos[t] (the last sliding_window of
 //   them when sliding_window > 0) and fills output row t.
+// Options: soft_cap > 0 caps each scaled score s as soft_cap * tanh(s / soft_cap) before the
+// softmax (Gemma 2); sinks (float32 [heads], or null) adds exp(sinks[h]) to head h's softmax
+// denominator, a logit of a key that has no value (GPT-OSS's attention sinks).
 // Scores, softmax and the weighted sum are float32 whatever the cache's dtype (bfloat16
 // scores on avx512_bf16: exact pair products of the bfloat16 query and keys, float32 sums).
 
@@ -33,6 +36,8 @@ struct Shape {
   int64_t bt_stride;
   int heads, kv_heads, head_size, block_size, sliding_window;
   float scale;
+  float soft_cap;       // > 0: scores become soft_cap * tanh(score / soft_cap)
+  const float* sinks;   // [heads] or null: one more logit per head in the softmax
 };
 
 // The first key a query at `pos` sees: the start of its sliding window, or 0.
@@ -47,13 +52,20 @@ inline const T* head_rows(const T* cache, const int32_t* blocks, int b, int kvh,
   return cache + blocks[b] * s.c_block + kvh * s.c_head;
 }
 
-// In place: each of `rows` rows of n scores becomes its softmax.
-inline void softmax_rows(float* scores, int rows, int n) {
+// In place: each of `rows` rows of n scores becomes its softmax; the rows are the query
+// heads of KV head kvh (s.soft_cap and s.sinks applied, see the top of the file).
+inline void softmax_rows(float* scores, int rows, int n, int kvh, const Shape& s) {
   for (int g = 0; g < rows; ++g) {
     float* sg = scores + g * n;
+    if (s.soft_cap > 0.f) {
+      const float cap = s.soft_cap, inv_cap = 1.f / s.soft_cap;
+      for (int j = 0; j < n; ++j) sg[j] = cap * std::tanh(sg[j] * inv_cap);
+    }
     float top = sg[0];
     for (int j = 1; j < n; ++j) top = std::max(top, sg[j]);
-    float sum = 0.f;
+    const float sink = s.sinks != nullptr ? s.sinks[kvh * rows + g] : 0.f;
+    if (s.sinks != nullptr) top = std::max(top, sink);
+    float sum = s.sinks != nullptr ? std::exp(sink - top) : 0.f;
     for (int j = 0; j < n; ++j) {
       sg[j] = std::exp(sg[j] - top);
       sum += sg[j];
@@ -91,7 +103,7 @@ void attend_one(const T* q, const T* kc, const T* vc, const int32_t* blocks, int
       scores[g * n + (j - first)] = dot;
     }
   }
-  softmax_rows(scores, G, n);
+  softmax_rows(scores, G, n, kvh, s);
   std::fill(acc, acc + G * D, 0.f);
   for (int j = first; j <= pos; ++j) {
     const T* v = head_rows(vc, blocks, j / s.block_size, kvh, s) + (j % s.block_size) * s.c_tok;
@@ -342,7 +354,7 @@ void attend_one_simd(const T* q, const T* kc, const T* vc, const int32_t* blocks
     }
   }
   prefetch_block<_MM_HINT_T0>(head_rows(vc, blocks, first_block, kvh, s), s);
-  softmax_rows(scores, G, n);
+  softmax_rows(scores, G, n, kvh, s);
   // The weighted sum of the values: G x C accumulators, V registers of each value row at a
   // time (VRegs), all of them where they fit in the registers with the values and a
   // broadcast (AVX-512); else (AVX2's 16 registers: 3 x 8 accumulators for 12 query heads
@@ -487,16 +499,21 @@ void dispatch(const void* q, const void* kc, const void* vc, const int32_t* bt,
 
 extern "C" {
 
-// Returns 0, or 1 for an unknown dtype code.
+// Returns 0, or 1 for an unknown dtype code. heads_kv: heads << 32 | kv_heads; dims:
+// head_size << 32 | block_size (pairs in one argument: a step-graph entry takes at most 24).
 int engine_paged_attention(int dtype, const void* q, int64_t q_tok, int64_t q_head,
                            const void* k_cache, const void* v_cache, int64_t c_block,
                            int64_t c_head, int64_t c_tok, const int32_t* block_table,
                            int64_t bt_stride, const int32_t* tok_req, const int32_t* tok_pos,
                            int64_t num_tokens, void* out, int64_t out_tok, int64_t out_head,
-                           int heads, int kv_heads, int head_size, int block_size,
-                           int sliding_window, float scale, int num_threads) {
+                           int64_t heads_kv, int64_t dims, int sliding_window, float scale,
+                           float soft_cap, const float* sinks, int num_threads) {
+  const int heads = static_cast<int>(heads_kv >> 32);
+  const int kv_heads = static_cast<int>(heads_kv & 0xffffffff);
+  const int head_size = static_cast<int>(dims >> 32);
+  const int block_size = static_cast<int>(dims & 0xffffffff);
   const Shape s{q_tok, q_head, out_tok, out_head, c_block, c_head, c_tok, bt_stride,
-                heads, kv_heads, head_size, block_size, sliding_window, scale};
+                heads, kv_heads, head_size, block_size, sliding_window, scale, soft_cap, sinks};
   return with_dtype(dtype, [&](auto tag) {
     dispatch<decltype(tag)>(q, k_cache, v_cache, block_table, tok_req, tok_pos, num_tokens,
                             out, s, num_threads);
@@ -539,6 +556,6 @@ ENGINE_GRAPH_ENTRY(paged_attention, 24) {
   return engine_paged_attention(
       x.i32(0), x.p(1), x.a[2], x.a[3], x.p(4), x.p(5), x.a[6], x.a[7], x.a[8],
       x.ptr<const int32_t>(9), x.a[10], x.ptr<const int32_t>(11), x.ptr<const int32_t>(12),
-      x.a[13], x.p(14), x.a[15], x.a[16], x.i32(17), x.i32(18), x.i32(19), x.i32(20),
-      x.i32(21), x.f(22), x.threads(23));
+      x.a[13], x.p(14), x.a[15], x.a[16], x.a[17], x.a[18], x.i32(19), x.f(20), x.f(21),
+      x.ptr<const float>(22), x.threads(23));
 }
