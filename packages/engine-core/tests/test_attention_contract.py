@@ -1,6 +1,8 @@
 """``engine.testing.contracts.check_attention_backend`` on ``torch``, ``cpu``, broken backends.
 
-The built-in backends pass every default case (float32; one in bfloat16); variants of it
+The built-in backends pass every default case (float32; one in bfloat16) and every case of
+the 1.1 spec options (soft cap, sinks); a backend not listing those fields has their cases
+skipped with the engine's reason; variants of it
 that break one rule each fail, with a message naming the case, step and request; the
 example backend of docs/plugins/attention-backends.md, which turns sliding windows down,
 has those cases reported as skipped, and the page's ``check_attention_backend`` block runs
@@ -25,6 +27,7 @@ from engine.sdk.attention import (
 )
 from engine.testing.contracts import (
     DEFAULT_ATTENTION_CASES,
+    SPEC_OPTION_CASES,
     AttentionCase,
     check_attention_backend,
 )
@@ -47,6 +50,43 @@ def test_the_built_in_backends_conform_in_bfloat16(backend: Any) -> None:
     report = check_attention_backend(backend, dtype="bfloat16",
                                      cases=[GQA_WINDOW])
     assert report.cases == (GQA_WINDOW.name,)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("backend", [TorchAttentionBackend, CpuAttentionBackend],
+                         ids=lambda b: b.name)
+def test_the_built_in_backends_conform_with_soft_cap_and_sinks(backend: Any, dtype: str) -> None:
+    report = check_attention_backend(backend, dtype=dtype, cases=SPEC_OPTION_CASES)
+    assert report.cases == tuple(case.name for case in SPEC_OPTION_CASES)
+
+
+def test_the_option_cases_fail_a_backend_ignoring_them() -> None:
+    class Ignoring(TorchAttentionBackend):
+        """Says it answers the fields, but computes plain attention."""
+
+        @classmethod
+        def get_impl_cls(cls) -> type[AttentionImpl[Any]]:
+            class Plain(TorchAttentionImpl):
+                def forward(self, *args: Any) -> Any:
+                    plain = dataclasses.replace(self.params, sinks=None, spec=dataclasses.replace(
+                        self.params.spec, logits_soft_cap=None, has_sinks=False))
+                    return TorchAttentionImpl(plain).forward(*args)
+
+            return Plain
+
+    for case in SPEC_OPTION_CASES:
+        with pytest.raises(AssertionError, match="differs from dense attention"):
+            check_attention_backend(Ignoring, cases=[case])
+
+
+def test_a_backend_not_listing_the_fields_has_their_cases_skipped() -> None:
+    class Legacy(TorchAttentionBackend):
+        answered_spec_fields: ClassVar[frozenset[str]] = frozenset()
+
+    report = check_attention_backend(Legacy, cases=[*SPEC_OPTION_CASES, GQA_WINDOW])
+    assert report.cases == (GQA_WINDOW.name,)
+    assert [name for name, _ in report.skipped] == [c.name for c in SPEC_OPTION_CASES]
+    assert all("answered_spec_fields" in reason for _, reason in report.skipped)
 
 
 def test_a_torch_dtype_is_taken_as_its_name() -> None:

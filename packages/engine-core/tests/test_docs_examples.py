@@ -52,6 +52,7 @@ RUN_BY: dict[str, dict[str, str]] = {
     },
     "attention-backends.md": {
         "from __future__ import annotations": _TESTS + "test_docs_kernels.py",
+        "# src/my_plugin/capped.py": _TESTS + "test_docs_kernels.py",
         "from engine.testing.contracts import DEFAULT_ATTENTION_CASES, check_attention_backend":
             _TESTS + "test_attention_contract.py"},
     "custom-ops.md": {

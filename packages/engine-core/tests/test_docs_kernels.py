@@ -27,7 +27,7 @@ from safetensors.torch import load_file
 
 from engine.core import LLM
 from engine.sdk import SamplingParams, Support, UnsupportedError
-from engine.sdk.attention import AttentionSpec, select_backend
+from engine.sdk.attention import AttentionSpec, backend_supports, select_backend
 from engine.sdk.groups import LINEAR_KERNELS, QUANTIZATION
 from engine.sdk.linear_kernel import LinearKernelConfig
 from engine.sdk.platform import PlatformInfo
@@ -43,6 +43,8 @@ MODULES = {
 }
 #: linear-kernels.md's kernel composing the engine's ``cpu`` kernel (my_plugin.composed).
 COMPOSED = "# src/my_plugin/composed.py"
+#: attention-backends.md's backend answering a spec field added in 1.1 (my_plugin.capped).
+CAPPED = "# src/my_plugin/capped.py"
 GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
 PROMPTS = [list(range(3, 30)), [7, 7, 8, 9], list(range(200, 205)) * 3]
 #: Checkpoint modules the quantized checkpoint keeps in float (its modules_to_not_convert).
@@ -54,6 +56,7 @@ def my_plugin(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     modules = {module: code_block(page, first_line)
                for page, (first_line, module) in MODULES.items()}
     modules["composed"] = code_block("linear-kernels.md", COMPOSED)
+    modules["capped"] = code_block("attention-backends.md", CAPPED)
     with page_package(tmp_path_factory.mktemp("docs"), "my_plugin", modules) as root:
         yield root
 
@@ -104,6 +107,23 @@ def test_the_torch_paged_backend_turns_down_what_it_says(my_plugin: Path) -> Non
         select_backend([TorchPagedBackend], windowed)
     assert "torch_paged: sliding window attention is not supported" in str(refused.value)
     assert not TorchPagedBackend.supports(replace(spec, kv_cache_dtype="bfloat16"))
+
+
+def test_a_backend_answers_a_new_spec_field_only_where_it_lists_it(my_plugin: Path) -> None:
+    from my_plugin.attention import TorchPagedBackend
+    from my_plugin.capped import CappedBackend
+
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=16, dtype="float32",
+                         kv_cache_dtype="float32", block_size=16)
+    capped = replace(spec, logits_soft_cap=50.0)
+    # The page's first backend predates the field: the engine refuses it without asking.
+    unlisted = backend_supports(TorchPagedBackend, capped)
+    assert not unlisted and "answered_spec_fields" in unlisted.reason
+    assert TorchPagedBackend.supports(capped)  # what it would have said, unseen
+    # The one listing it is asked, and answers.
+    assert backend_supports(CappedBackend, spec)
+    assert backend_supports(CappedBackend, capped).reason == (
+        "logits_soft_cap=50.0 not supported yet")
 
 
 # -- linear-kernels.md + quantization.md ----------------------------------------------------

@@ -38,8 +38,8 @@ from engine.sdk.ops import (
 #: Public members of the engine's factory that are not part of the SDK interface (the
 #: engine's own wiring); a new public method must join the SDK protocol or this list.
 ENGINE_ONLY = {"attention_backend", "attention_layers", "backend_options", "block_size",
-               "dispatch_key", "dtype", "dtype_name", "linear_kernel_selector",
-               "max_model_len", "op_classes", "quant_config", "tp"}
+               "dispatch_key", "dtype", "dtype_name", "fallback_backend",
+               "linear_kernel_selector", "max_model_len", "op_classes", "quant_config", "tp"}
 
 
 def members(cls: type) -> set[str]:

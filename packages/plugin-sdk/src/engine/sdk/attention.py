@@ -20,11 +20,13 @@ engine never gives it to a request, so padding entries of ``slot_mapping`` and u
 entries of ``block_table`` point at it, and a kernel may write there unconditionally (a
 captured CUDA graph cannot skip padding rows).
 
-Selection (in each worker, once per distinct spec): ``--attention-backend NAME`` names
-the only candidate; otherwise the platform's default. :func:`select_backend` asks each
+Selection (in each worker, once per model): ``--attention-backend NAME`` names the only
+candidate; otherwise the platform's default. :func:`select_backend` asks each
 candidate's :meth:`~AttentionBackend.supports` and raises
 :class:`~engine.sdk.errors.UnsupportedError` listing every candidate with its reason
-when none fits.
+when none fits. Each attention layer's own spec is then checked against the chosen
+backend as the model builds it (:func:`backend_supports`); the layers are grouped by spec,
+one metadata builder per group (since 1.1).
 
 .. versionadded:: 1.0
 """
@@ -546,11 +548,13 @@ class AttentionBackend(Plugin, ABC):
     def supports(cls, spec: AttentionSpec) -> Support:
         """Whether this backend can serve layers with ``spec``, and if not, why.
 
-        Called: in the worker, once per distinct spec during backend selection, before
-        any model weights are loaded; also by ``engine plugins check``.
+        Called: in the worker, once per distinct spec during backend selection, and with
+        each attention layer's own spec as the model is built (since 1.1), before any
+        model weights are loaded; also by ``engine plugins check``.
 
         Args:
-            spec: Head geometry, dtypes, block size, sliding window, causality, platform.
+            spec: Head geometry, dtypes, block size, sliding window, causality, platform,
+                and the fields listed in :attr:`answered_spec_fields` (since 1.1).
 
         Returns:
             ``Support.yes()``, or ``Support.no(reason)`` naming the first unsupported

@@ -133,13 +133,14 @@ def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         sinks: torch.Tensor | None) -> torch.Tensor:
     """SDPA written out, with the scores capped and the sinks in the softmax.
 
-    ``softmax([mask(cap * tanh(q k^T * scale / cap)), sink])[..., :-1] v``, as
-    transformers' eager Gemma 2 (cap) and GPT-OSS (sinks) attention: the product in the
-    inputs' dtype, the cap and the softmax in float32, the probabilities back in ``v``'s
-    dtype for the weighted sum. ``mask`` (boolean, True = visible) broadcasts over the
-    scores ``[n, KVH, rows, L]``; ``sinks`` is ``[1, KVH, rows, 1]`` float32.
+    ``softmax([mask(cap * tanh(q k^T * scale / cap)), sink])[..., :-1] v``, the semantics
+    of transformers' eager Gemma 2 (cap) and GPT-OSS (sinks) attention, all in float32 (as
+    SDPA and the ``cpu`` kernel compute internally: scores rounded to bfloat16 would move
+    the weights of large scores by percents), the result in ``v``'s dtype. ``mask``
+    (boolean, True = visible) broadcasts over the scores ``[n, KVH, rows, L]``; ``sinks``
+    is ``[1, KVH, rows, 1]`` float32.
     """
-    scores = torch.matmul(q, k.transpose(-1, -2)).float() * scale
+    scores = torch.matmul(q.float(), k.float().transpose(-1, -2)) * scale
     if cap is not None:
         scores = torch.tanh(scores / cap) * cap
     if mask is not None:
@@ -149,7 +150,7 @@ def _explicit_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     else:
         sink_column = sinks.to(scores.device, torch.float32).expand(*scores.shape[:-1], 1)
         probs = torch.softmax(torch.cat([scores, sink_column], dim=-1), dim=-1)[..., :-1]
-    return torch.matmul(probs.to(v.dtype), v)
+    return torch.matmul(probs, v.float()).to(v.dtype)
 
 
 def _gather(cache: torch.Tensor, block_ids: torch.Tensor,

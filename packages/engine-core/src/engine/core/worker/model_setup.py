@@ -38,10 +38,13 @@ from engine.sdk.linear_kernel import LinearKernel, LinearKernelConfig, select_li
 from engine.sdk.model import ModelContext
 from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.platform import Platform, PlatformInfo
+from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import QuantizationConfig
 
 #: The token budget measured for when none is given (the CPU platform's).
 DEFAULT_STEP_TOKENS = 512
+#: The backend that serves a model whose layer the platform's default backend refuses.
+REFERENCE_BACKEND = "torch"
 
 
 @dataclass(frozen=True)
@@ -213,6 +216,7 @@ def build_model(
     choice = model_choice or choose_model(catalog, architectures_of(hf_config))
     model_cls: type[nn.Module] = catalog.load_resolved(choice.entry)
     spec = probe_attention_spec(hf_config, dtype, block_size, tp.size)
+    requested = attention_backend
     backend_name = attention_backend or platform.default_attention_backend(spec)
     if attention_backend is None and kernel_selection == "measured":
         measured = measured_attention_backend(catalog, platform, spec, dtype,
@@ -234,6 +238,7 @@ def build_model(
             catalog, platform, forced=linear_kernel, disabled=disabled_kernels,
             selection=kernel_selection, step_tokens=step_tokens, step_graph=step_graph),
         tp=tp, quant_config=quant_config, max_model_len=max_model_len,
+        fallback_backend=None if requested else _reference_backend(catalog, options),
     )
     arch = choice.architecture
     ctx = ModelContext(plugin_name=arch, process="worker", hf_config=hf_config,
@@ -245,4 +250,15 @@ def build_model(
     with naming_model(choice.entry, "loading its weights (load_weights)") as loader_errors:
         # random ones for --load-format dummy
         load_weights_into(model, watched(weights, loader_errors))
-    return BuiltModel(model.eval(), factory, backend)
+    # The backend serving the layers: the selected one, or the fallback a layer moved to.
+    return BuiltModel(model.eval(), factory, factory.attention_backend)
+
+
+def _reference_backend(catalog: PluginCatalog, options: Mapping[str, Mapping[str, Any]]
+                       ) -> tuple[type[AttentionBackend], PluginOptions] | None:
+    """``torch``, with its options: where a layer refuses the platform's default backend."""
+    try:
+        cls: type[AttentionBackend] = catalog.load(ATTENTION_BACKENDS, REFERENCE_BACKEND)
+    except PluginError:
+        return None  # not allowed or shadowed badly: such a layer is then an error
+    return cls, validated_options(catalog, ATTENTION_BACKENDS, REFERENCE_BACKEND, cls, options)

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.core.attention.layer_groups import make_builder
 from engine.core.cpu_threads import log_choice, model_threads
 from engine.core.distributed import destroy_tensor_parallel, init_tensor_parallel
 from engine.core.model_loader import iter_weights
@@ -43,7 +44,6 @@ from engine.core.worker.model_runner import ModelRunner
 from engine.core.worker.model_setup import BuiltModel, build_model
 from engine.core.worker.onednn_caches import bound_onednn_caches
 from engine.core.worker.step_graph import try_capture
-from engine.sdk.attention import AttentionContext
 from engine.sdk.groups import LOGITS_PROCESSORS
 from engine.sdk.logits_processor import LogitsProcessor, LogitsProcessorContext
 from engine.sdk.scheduler import ModelRunnerOutput, SchedulerOutput
@@ -209,15 +209,18 @@ class Worker:
                            type(exc).__name__, exc)
 
     def _make_builder(self) -> Any:
+        """One metadata builder per attention group (layers of one spec; ``layer_groups``).
+
+        One group: the backend's builder itself. Several: a ``GroupedMetadataBuilder``
+        over them, whose metadata each layer picks its group's from.
+        """
         layers = self.built.factory.attention_layers
-        spec = next(iter(layers.values())).impl.params.spec
-        ctx = AttentionContext(
-            plugin_name=self.built.backend.name, spec=spec, layer_names=tuple(layers),
-            device=str(self.device), max_num_reqs=self.setup.config.max_num_seqs,
+        return make_builder(
+            self.built.backend, {name: layer.impl.params.spec for name, layer in layers.items()},
+            plugin_name=self.built.backend.name, device=str(self.device),
+            max_num_reqs=self.setup.config.max_num_seqs,
             max_num_batched_tokens=self.setup.max_num_batched_tokens,
-            max_model_len=self.setup.max_model_len, options=self.built.factory.backend_options,
-        )
-        return self.built.backend.get_builder_cls()(ctx)
+            max_model_len=self.setup.max_model_len, options=self.built.factory.backend_options)
 
     def _make_logits_processors(self) -> dict[str, LogitsProcessor]:
         setup = self.setup

@@ -24,6 +24,7 @@ from engine.testing.contracts._scheduler_sim import (
 )
 from engine.testing.contracts.attention_backends import (
     DEFAULT_ATTENTION_CASES,
+    SPEC_OPTION_CASES,
     AttentionBackendReport,
     AttentionCase,
     check_attention_backend,
@@ -45,6 +46,7 @@ from engine.testing.contracts.schedulers import (
 
 __all__ = [
     "DEFAULT_ATTENTION_CASES",
+    "SPEC_OPTION_CASES",
     "FAKE_VOCAB_SIZE",
     "AttentionBackendReport",
     "AttentionCase",

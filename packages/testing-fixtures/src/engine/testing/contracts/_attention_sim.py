@@ -11,6 +11,11 @@ layer in plain tensors. The reference is dense attention over those, in float64:
     out[t, h] = softmax_j(q[t, h] . k[j, h // G] * scale) v[j, h // G]
                 over keys j <= position(t) (and j > position(t) - window)
 
+with the spec's options: each score capped to ``cap * tanh(score / cap)`` before the
+softmax (``logits_soft_cap``), and each head's sink logit (``has_sinks``: random per layer,
+handed to the implementation as ``AttentionImplParams.sinks``) joining the softmax and
+dropped after.
+
 so a key written to the wrong slot, read through the wrong block, read past a request's
 context, or a row left unwritten, shows as a mismatch at that row.
 """
@@ -94,10 +99,13 @@ class AttentionSim:
             max_num_batched_tokens=4096, max_model_len=max_blocks_per_req * spec.block_size)
         self.builder = backend.get_builder_cls()(ctx)
         self.scale = spec.head_size ** -0.5
+        self.sinks = [torch.randn(spec.num_heads, generator=self.rng) * 2 + 1
+                      if spec.has_sinks else None for _ in self.layer_names]
         self.impls: list[AttentionImpl[Any]] = [
-            backend.get_impl_cls()(AttentionImplParams(spec=spec, layer_name=name,
-                                                       scale=self.scale, options=options))
-            for name in self.layer_names]
+            backend.get_impl_cls()(AttentionImplParams(
+                spec=spec, layer_name=name, scale=self.scale, options=options,
+                sinks=None if sinks is None else sinks.to(self.device)))
+            for name, sinks in zip(self.layer_names, self.sinks, strict=True)]
         self.requests: dict[str, CachedRequest] = {}
 
     # -- blocks --------------------------------------------------------------------------
@@ -213,6 +221,15 @@ class AttentionSim:
             if spec.sliding_window is not None:
                 visible &= key_pos[None, :] > positions[:, None] - spec.sliding_window
             scores = torch.einsum("qhd,khd->hqk", q[new].double(), keys) * self.scale
+            cap = spec.logits_soft_cap
+            if cap is not None:
+                scores = cap * torch.tanh(scores / cap)
             scores = scores.masked_fill(~visible, float("-inf"))
-            out[new] = torch.einsum("hqk,khd->qhd", scores.softmax(-1), values)
+            sinks = self.sinks[layer]
+            if sinks is None:
+                probs = scores.softmax(-1)
+            else:  # one more column per head: its sink, dropped after the softmax
+                column = sinks.double()[:, None, None].expand(-1, scores.shape[1], 1)
+                probs = torch.cat((scores, column), -1).softmax(-1)[..., :-1]
+            out[new] = torch.einsum("hqk,khd->qhd", probs, values)
         return out

@@ -4,8 +4,9 @@
 builder and one impl per layer, over KV caches shaped by your ``get_kv_cache_shape``), the
 way the engine's worker does, and compares every output row with dense attention over
 the keys and values the suite generated (``engine.testing.contracts._attention_sim``).
-Each case is a head geometry, block size and sliding window; each runs five steps on two
-layers over one shuffled block pool::
+Each case is a head geometry, block size and sliding window (and, in
+:data:`SPEC_OPTION_CASES`, the logit soft cap and attention sinks of SDK 1.1); each runs
+five steps on two layers over one shuffled block pool::
 
     stale blocks      every usable block filled by short prompts of large, offset values,
                       then freed: later requests reuse blocks whose unused tail is stale
@@ -32,6 +33,10 @@ Usage, in the backend's own tests (pytest)::
         report = check_attention_backend(MyBackend, device="cuda", dtype="bfloat16")
         assert not report.skipped, report.skipped
 
+A backend listing ``logits_soft_cap`` or ``has_sinks`` in ``answered_spec_fields`` runs
+:data:`SPEC_OPTION_CASES` too (``cases=SPEC_OPTION_CASES``); a backend that does not list
+them has those cases skipped, the engine's reason reported.
+
 .. versionadded:: 1.1
 """
 
@@ -51,15 +56,15 @@ from engine.sdk.attention import (
     AttentionMetadataBuilder,
     AttentionSpec,
     CudaGraphSupport,
+    backend_supports,
 )
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions, check_contract_version
-from engine.sdk.support import Support
 from engine.testing.contexts import plugin_options
 from engine.testing.contracts._attention_sim import AttentionSim, RowCheck
 
-__all__ = ["DEFAULT_ATTENTION_CASES", "AttentionBackendReport", "AttentionCase",
-           "check_attention_backend"]
+__all__ = ["DEFAULT_ATTENTION_CASES", "SPEC_OPTION_CASES", "AttentionBackendReport",
+           "AttentionCase", "check_attention_backend"]
 
 
 @dataclass(frozen=True)
@@ -73,6 +78,10 @@ class AttentionCase:
         head_size: Elements per head.
         block_size: Tokens per KV block.
         sliding_window: Keys each query sees, itself included; ``None`` for all.
+        logits_soft_cap: ``AttentionSpec.logits_soft_cap``: scores capped to ``cap *
+            tanh(score / cap)``; ``None`` for none.
+        sinks: ``AttentionSpec.has_sinks``: each layer gets random per-head sink logits
+            (``AttentionImplParams.sinks``) that join the softmax's denominator.
     """
 
     name: str
@@ -81,6 +90,8 @@ class AttentionCase:
     head_size: int
     block_size: int
     sliding_window: int | None = None
+    logits_soft_cap: float | None = None
+    sinks: bool = False
 
 
 #: GQA ratios 1, 3 and 4; head sizes 64 and 128; block sizes 8, 16, 32; two windows.
@@ -89,6 +100,15 @@ DEFAULT_ATTENTION_CASES: tuple[AttentionCase, ...] = (
     AttentionCase("gqa 3, head 128, block 16", 6, 2, 128, 16),
     AttentionCase("gqa 4, head 64, block 32, window 35", 8, 2, 64, 32, sliding_window=35),
     AttentionCase("gqa 4, head 128, block 8, window 11", 4, 1, 128, 8, sliding_window=11),
+)
+
+#: The spec options of SDK 1.1 (caps small enough to change the scores a lot, sinks
+#: alone, both with a window): pass ``cases=SPEC_OPTION_CASES`` for a backend listing them.
+SPEC_OPTION_CASES: tuple[AttentionCase, ...] = (
+    AttentionCase("gqa 2, head 64, block 16, soft cap 2", 4, 2, 64, 16, logits_soft_cap=2.0),
+    AttentionCase("mha, head 64, block 16, sinks", 2, 2, 64, 16, sinks=True),
+    AttentionCase("gqa 4, head 128, block 8, window 11, soft cap 3, sinks", 4, 1, 128, 8,
+                  sliding_window=11, logits_soft_cap=3.0, sinks=True),
 )
 
 #: ``(atol, rtol)`` per dtype: an output element passes when ``|out - ref| <= atol +
@@ -279,11 +299,12 @@ def check_attention_backend(
         spec = AttentionSpec(num_heads=case.num_heads, num_kv_heads=case.num_kv_heads,
                              head_size=case.head_size, dtype=dtype_name, kv_cache_dtype=dtype_name,
                              block_size=case.block_size, sliding_window=case.sliding_window,
-                             platform=platform)
-        answer = backend.supports(spec)
-        assert isinstance(answer, Support), (
-            f"{backend.__qualname__}.supports() must return engine.sdk.Support, got "
-            f"{answer!r}")
+                             platform=platform, logits_soft_cap=case.logits_soft_cap,
+                             has_sinks=case.sinks)
+        try:  # as the engine asks: the spec fields added since 1.0 first, then supports()
+            answer = backend_supports(backend, spec)
+        except TypeError as exc:
+            raise AssertionError(str(exc)) from None
         if not answer.ok:
             skipped.append((case.name, answer.reason))
             continue

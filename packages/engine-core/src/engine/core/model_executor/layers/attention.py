@@ -7,6 +7,7 @@ from typing import Any, Protocol
 import torch
 from torch import nn
 
+from engine.core.attention.layer_groups import GroupedMetadata
 from engine.sdk.attention import AttentionImpl
 from engine.sdk.capture import CaptureContext
 from engine.sdk.support import Support
@@ -43,6 +44,10 @@ class Attention(nn.Module):
     With attention sinks (``impl.params.sinks``, the spec's ``has_sinks``) the layer
     registers that tensor as its parameter ``sinks`` (``[num_heads]`` float32, this rank's
     heads): loading copies into it in place, so the implementation reads the loaded values.
+
+    ``metadata`` is the model's, passed through unchanged: its attention group's metadata,
+    or, where the model's layers form several groups (``engine.core.attention.layer_groups``),
+    every group's, of which the layer takes its own.
     """
 
     def __init__(
@@ -93,6 +98,8 @@ class Attention(nn.Module):
         """``[num_tokens, num_heads * head_size]`` attention output for flattened tokens."""
         if self.kv_cache is None:
             raise RuntimeError(f"{self.layer_name}: KV cache not bound (model runner bug)")
+        if isinstance(metadata, GroupedMetadata):
+            metadata = metadata.for_layer(self.layer_name)
         num_tokens = query.shape[0]
         q = query.view(num_tokens, self.num_heads, self.head_size)
         k = key.view(num_tokens, self.num_kv_heads, self.head_size)

@@ -19,8 +19,9 @@ expert's intermediate size, and sums the ranks' outputs (``layers.fused_moe``).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, cast
 
 import torch
@@ -60,6 +61,7 @@ from engine.sdk.platform import PlatformInfo
 from engine.sdk.plugin import PluginOptions
 from engine.sdk.quantization import LayerInfo, QuantizationConfig
 
+logger = logging.getLogger(__name__)
 
 def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
     """engine-core's reference kernels, for hand-built factories (e.g. in tests).
@@ -72,6 +74,10 @@ def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
 
     kernels = [TorchLinearKernel, Int8ReferenceKernel]
     return select_linear_kernel(kernels, PlatformInfo("cpu", "cpu"), config)
+
+
+def _label(backend: type[AttentionBackend]) -> str:
+    return backend.name or f"{backend.__module__}:{backend.__qualname__}"
 
 
 _DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
@@ -98,6 +104,11 @@ class LayerFactory:
         max_model_len: The longest sequence the engine serves (``None``: each rotary
             layer's ``max_position``); LongRoPE chooses its factors by it (``layers.rope``).
         attention_layers: Filled as attention layers are built: name -> layer.
+        fallback_backend: The backend (with its options) that serves the whole model
+            instead when ``attention_backend`` refuses a layer's spec; None (the default,
+            and where the operator named the backend): such a layer is an error. The
+            engine gives the ``torch`` reference backend where the backend is the
+            platform's default.
     """
 
     dtype: torch.dtype
@@ -112,6 +123,7 @@ class LayerFactory:
     tp: TensorParallelGroup = SINGLE
     max_model_len: int | None = None
     attention_layers: dict[str, Attention] = field(default_factory=dict)
+    fallback_backend: tuple[type[AttentionBackend], PluginOptions] | None = None
 
     @property
     def dtype_name(self) -> str:
@@ -225,10 +237,14 @@ class LayerFactory:
         ``sinks`` that the implementation reads (``AttentionImplParams.sinks``); its
         ``load_weight("sinks", whole)`` keeps this rank's heads of the checkpoint's tensor.
 
+        Every layer's spec is checked against the backend (``backend_supports``): a
+        layer it refuses moves the whole model to ``fallback_backend`` (the layers built
+        so far get its implementation; one WARNING says why) where there is one.
+
         Raises:
-            UnsupportedError: the selected backend refuses this layer's spec (its
-                ``supports``, or a spec field it does not answer), naming the layer, the
-                backend and the reason.
+            UnsupportedError: the backend refuses this layer's spec (its ``supports``, or
+                a spec field it does not answer) and there is no fallback, or the fallback
+                refuses one of the layers too; naming the layer, the backend(s) and why.
         """
         spec = AttentionSpec(
             num_heads=num_heads, num_kv_heads=num_kv_heads, head_size=head_size,
@@ -237,10 +253,7 @@ class LayerFactory:
         )
         answer = backend_supports(self.attention_backend, spec)
         if not answer:
-            name = self.attention_backend.name or self.attention_backend.__qualname__
-            raise UnsupportedError(
-                f"attention layer {prefix!r} ({spec.describe()}): attention backend {name!r} "
-                f"cannot serve it", [(name, answer.reason)])
+            self._fall_back(prefix, spec, answer.reason)
         # Zeros until the model loads them; the parameter and the impl share the tensor.
         sink_values = torch.zeros(num_heads, dtype=torch.float32) if sinks else None
         params = AttentionImplParams(spec=spec, layer_name=prefix, scale=scale,
@@ -250,6 +263,35 @@ class LayerFactory:
                           tp_rank=self.tp_rank, tp_size=self.tp_size)
         self.attention_layers[prefix] = layer
         return layer
+
+    def _fall_back(self, prefix: str, spec: AttentionSpec, reason: str) -> None:
+        """Serve the model with ``fallback_backend``: ``attention_backend`` refused ``prefix``.
+
+        Raises:
+            UnsupportedError: there is no fallback, or it refuses a layer as well.
+        """
+        name = _label(self.attention_backend)
+        reasons = [(name, reason)]
+        problem = f"attention layer {prefix!r} ({spec.describe()}): attention backend " \
+                  f"{name!r} cannot serve it"
+        if self.fallback_backend is None or self.fallback_backend[0] is self.attention_backend:
+            raise UnsupportedError(problem, reasons)
+        backend, options = self.fallback_backend
+        specs = {n: layer.impl.params.spec for n, layer in self.attention_layers.items()}
+        for layer_name, layer_spec in {**specs, prefix: spec}.items():
+            answer = backend_supports(backend, layer_spec)
+            if not answer:
+                raise UnsupportedError(
+                    f"{problem}, and the fallback {_label(backend)!r} cannot serve layer "
+                    f"{layer_name!r} ({layer_spec.describe()})",
+                    [*reasons, (_label(backend), answer.reason)])
+        logger.warning("attention: backend %r (the engine's choice: no --attention-backend) "
+                       "cannot serve layer %r (%s: %s); the %r backend serves the whole model",
+                       name, prefix, spec.describe(), reason, _label(backend))
+        self.attention_backend, self.backend_options = backend, options
+        self.fallback_backend = None
+        for layer in self.attention_layers.values():
+            layer.impl = backend.get_impl_cls()(replace(layer.impl.params, options=options))
 
     def _op(self, name: str) -> type[CustomOp]:
         return self.op_classes.get(name, BUILTIN_IMPLEMENTATIONS[name])
