@@ -7,9 +7,9 @@ transformers writes holds the stacked, interleaved expert tensors the loader rea
 one layer's experts (``fused_moe`` with ``activation="swigluoai"`` and ``bias=True``)
 equal transformers' ``GptOssMLP``, also as two tensor-parallel halves summed (the down
 projection's bias counted once); the prompt's logits are transformers' within 1e-4 and the
-greedy tokens equal, alone and with chunked prefill, prefix-cache hits and preemption,
-every block free after each; two tensor-parallel ranks on the ``mp`` executor give one
-rank's tokens.
+greedy tokens equal (on the default and on the ``torch`` attention backend), alone and
+with chunked prefill, prefix-cache hits and preemption, every block free after each; two
+tensor-parallel ranks on the ``mp`` executor give one rank's tokens.
 """
 
 from __future__ import annotations
@@ -137,6 +137,14 @@ def test_prompt_logits_and_greedy_tokens_equal_transformers(checks: ModelChecks)
     windows = [layer.self_attn.attn.impl.params.spec.sliding_window for layer in model.layers]
     assert windows == [8, None, 8, None]
     assert all(layer.self_attn.attn.sinks is not None for layer in model.layers)
+
+
+def test_the_torch_backend_gives_transformers_logits(tiny_gpt_oss: Path) -> None:
+    # The reference backend: sinks joined to its softmax, each layer its own window.
+    checks = ModelChecks(tiny_gpt_oss, GptOssForCausalLM)
+    checks.options = {**checks.options, "model_impl": BY_PATH, "attention_backend": "torch"}
+    model = checks.logits_and_greedy_tokens()
+    assert type(model.layers[0].self_attn.attn.impl).__name__ == "TorchAttentionImpl"
 
 
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
