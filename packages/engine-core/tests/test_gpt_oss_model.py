@@ -9,7 +9,8 @@ equal transformers' ``GptOssMLP``, also as two tensor-parallel halves summed (th
 projection's bias counted once); the prompt's logits are transformers' within 1e-4 and the
 greedy tokens equal (on the default and on the ``torch`` attention backend), alone and
 with chunked prefill, prefix-cache hits and preemption, every block free after each; two
-tensor-parallel ranks on the ``mp`` executor give one rank's tokens.
+tensor-parallel ranks on the ``mp`` executor give one rank's tokens; in bfloat16 the first
+tokens follow float32 transformers.
 """
 
 from __future__ import annotations
@@ -150,3 +151,11 @@ def test_the_torch_backend_gives_transformers_logits(tiny_gpt_oss: Path) -> None
 @pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
 def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenario: str) -> None:
     getattr(checks, scenario)()  # two_ranks: heads, sinks and experts split
+
+
+def test_bfloat16_first_tokens_follow_float32_transformers(checks: ModelChecks) -> None:
+    # Eager (the built-in fused_moe is not recordable): sinks, biases and the clamped
+    # activation in bfloat16.
+    with checks.llm(dtype="bfloat16", block_size=16, num_kv_blocks=32) as llm:
+        tokens = checks.run(llm)
+    assert [t[:2] for t in tokens] == [t[:2] for t in checks.hf_tokens]
