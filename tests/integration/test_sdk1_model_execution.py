@@ -77,6 +77,27 @@ def test_attention_backend(tiny_llama: Path, sdk1: Path, reference: list[list[in
     assert calls["sdk1_paged.forward"] == 0 and calls["sdk1_paged.build"] == 0
 
 
+def test_a_1_0_attention_backend_is_refused_the_spec_fields_it_predates(sdk1: Path) -> None:
+    """Its supports() never looks at logits_soft_cap or has_sinks (SDK 1.1): the engine's
+    gate refuses them for it, naming the field, and asks it the rest as before."""
+    from dataclasses import replace
+
+    from engine_test_plugin_sdk1.attention import Sdk1PagedAttentionBackend as Backend
+
+    from engine.sdk.attention import AttentionSpec, backend_supports
+
+    assert Backend.answered_spec_fields == frozenset()
+    spec = AttentionSpec(num_heads=4, num_kv_heads=2, head_size=16, dtype="float32",
+                         kv_cache_dtype="float32", block_size=32)
+    assert backend_supports(Backend, spec)
+    for field, value in (("logits_soft_cap", 50.0), ("has_sinks", True)):
+        with_field = replace(spec, **{field: value})
+        assert Backend.supports(with_field)  # what it would say, unseen
+        answer = backend_supports(Backend, with_field)
+        assert not answer and f"{field}={value!r} not supported" in answer.reason
+        assert "answered_spec_fields" in answer.reason
+
+
 def test_linear_kernel_only_when_forced(tiny_llama: Path, sdk1: Path,
                                         reference: list[list[int]]) -> None:
     with counting() as calls, sdk1_llm(tiny_llama, linear_kernel="sdk1_matmul") as llm:

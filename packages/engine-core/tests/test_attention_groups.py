@@ -198,9 +198,10 @@ class _LayerTypes:
     """``ctx.layers`` of :class:`PerLayerQwen2`: the engine's factory, each layer's window
     from ``layer_types``."""
 
-    def __init__(self, factory: Any, layer_types: list[str]) -> None:
+    def __init__(self, factory: Any, layer_types: list[str], sinks: bool = False) -> None:
         self._factory = factory
         self._layer_types = layer_types
+        self._sinks = sinks
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._factory, name)
@@ -209,7 +210,7 @@ class _LayerTypes:
         if self._layer_types[int(prefix.split(".")[2])] != "sliding_attention":
             kwargs["sliding_window"] = None
             kwargs["logits_soft_cap"] = FULL_LAYER_CAP
-        return self._factory.attention(prefix, **kwargs)
+        return self._factory.attention(prefix, sinks=self._sinks, **kwargs)
 
 
 #: The soft cap of :class:`PerLayerQwen2`'s full-attention layers: so large that it changes
@@ -222,6 +223,21 @@ class PerLayerQwen2(Qwen2ForCausalLM):
 
     def __init__(self, ctx: ModelContext) -> None:
         super().__init__(replace(ctx, layers=_LayerTypes(ctx.layers, ctx.hf_config.layer_types)))
+
+
+class SinkQwen2(Qwen2ForCausalLM):
+    """:class:`PerLayerQwen2` with attention sinks, set after loading (Qwen2 has none)."""
+
+    def __init__(self, ctx: ModelContext) -> None:
+        super().__init__(replace(ctx, layers=_LayerTypes(ctx.layers, ctx.hf_config.layer_types,
+                                                         sinks=True)))
+
+    def load_weights(self, weights: Any) -> set[str]:
+        loaded = super().load_weights(weights)
+        heads = self.config.num_attention_heads
+        for i, layer in enumerate(self.layers):
+            layer.self_attn.attn.load_weight("sinks", torch.linspace(-1.0, 2.0 + i, heads))
+        return loaded
 
 
 @pytest.fixture(scope="module")
@@ -271,6 +287,35 @@ def test_a_layer_the_default_backend_refuses_moves_the_model_to_torch(
     assert "attention layer 'model.layers.1.self_attn.attn'" in text
     assert "attention backend 'cpu' cannot serve it" in text
     assert "logits_soft_cap=100000.0 not supported" in text
+
+
+def test_sinks_through_the_engine_cpu_step_graph_eager_and_torch_agree(
+        per_layer_checks: ModelChecks) -> None:
+    """Sinks the model loads reach the cpu kernel, also through a recorded step graph: its
+    tokens are the eager pass's (bfloat16) and the torch backend's (float32)."""
+    from engine.kernels.cpu.native import native_kernels
+
+    checks = ModelChecks(per_layer_checks.checkpoint, SinkQwen2)
+    checks.options["model_impl"] = checks.by_path
+    with checks.llm() as llm:  # float32, cpu backend
+        model = checks.model_of(llm)
+        assert llm.llm_engine.core.worker.built.backend is CpuAttentionBackend
+        assert torch.equal(model.layers[1].self_attn.attn.impl.params.sinks,
+                           torch.linspace(-1.0, 3.0, 4))
+        cpu_tokens = checks.run(llm)
+    with checks.llm(attention_backend="torch") as llm:
+        assert checks.run(llm) == cpu_tokens
+    assert cpu_tokens != per_layer_checks.hf_tokens  # the sinks change the model
+    native = native_kernels()
+    if native is None or torch.bfloat16 not in native.packed_matmul_dtypes:
+        pytest.skip("no packed bfloat16 product in this build: no step graph")
+    options = {"dtype": "bfloat16", "block_size": 16, "num_kv_blocks": 32,
+               "max_num_batched_tokens": 64}
+    with checks.llm(**options) as llm:
+        assert llm.llm_engine.core.worker.model_runner.step_graph is not None
+        graph_tokens = checks.run(llm)
+    with checks.llm(enforce_eager=True, **options) as llm:
+        assert checks.run(llm) == graph_tokens
 
 
 class NoCapBackend(TorchAttentionBackend):

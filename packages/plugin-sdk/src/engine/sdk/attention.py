@@ -637,6 +637,8 @@ def select_backend(
             :class:`~engine.sdk.support.Support`.
 
     .. versionadded:: 1.0
+    .. versionchanged:: 1.1 Asks through :func:`backend_supports`: a candidate is refused a
+        spec field added since 1.0 that it does not list in ``answered_spec_fields``.
     """
     reasons: list[tuple[str, str]] = []
     for backend in candidates:

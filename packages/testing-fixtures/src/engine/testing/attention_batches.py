@@ -78,7 +78,7 @@ def run_step(backend: type[AttentionBackend], spec: AttentionSpec, scale: float,
     # The cached prefixes, written by the backend itself (whatever its cache layout).
     prefix = [(i, p) for i, (cached, _) in enumerate(reqs) for p in range(cached)]
     if prefix:
-        _write(backend, spec, scale, cache, rows, [slots[i][p] for i, p in prefix],
+        _write(backend, spec, scale, cache, [slots[i][p] for i, p in prefix],
                torch.stack([contexts[i][0][p] for i, p in prefix]),
                torch.stack([contexts[i][1][p] for i, p in prefix]), params)
     qlens = [n for _, n in reqs]
@@ -118,15 +118,14 @@ def _build(backend: type[AttentionBackend], spec: AttentionSpec,
 
 
 def _write(backend: type[AttentionBackend], spec: AttentionSpec, scale: float,
-           cache: torch.Tensor, rows: list[list[int]], slots: list[int], keys: torch.Tensor,
-           values: torch.Tensor, params: dict[str, Any] | None) -> None:
+           cache: torch.Tensor, slots: list[int], keys: torch.Tensor, values: torch.Tensor,
+           params: dict[str, Any] | None) -> None:
     """Store ``keys``/``values`` at ``slots``: a step of one-token requests, output dropped."""
     n = len(slots)
     block = spec.block_size
     table = torch.tensor([[s // block] for s in slots], dtype=torch.int32)
     qsl = torch.arange(n + 1, dtype=torch.int32)
     seq_lens = torch.tensor([s % block + 1 for s in slots], dtype=torch.int32)
-    del rows
     common = CommonAttentionMetadata(
         query_start_loc=qsl, query_start_loc_cpu=qsl, seq_lens=seq_lens, seq_lens_cpu=seq_lens,
         block_table=table, slot_mapping=torch.tensor(slots, dtype=torch.int64), num_reqs=n,

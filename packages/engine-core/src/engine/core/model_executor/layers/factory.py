@@ -63,6 +63,7 @@ from engine.sdk.quantization import LayerInfo, QuantizationConfig
 
 logger = logging.getLogger(__name__)
 
+
 def default_kernel_selector(config: LinearKernelConfig) -> type[LinearKernel]:
     """engine-core's reference kernels, for hand-built factories (e.g. in tests).
 
