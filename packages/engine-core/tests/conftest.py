@@ -69,6 +69,14 @@ def tiny_qwen3_moe(tmp_path_factory: pytest.TempPathFactory) -> Path:
                                  norm_topk_prob=True)
 
 
+@pytest.fixture(scope="session")
+def tiny_gpt_oss(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """4 layers alternating window 8 and full; sinks; 4 biased experts (top 2); YaRN."""
+    from engine.testing.models import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("tiny") / "gpt_oss", "gpt_oss")
+
+
 class TinyLLMFactory:
     """Stands in for ``engine.core.LLM`` in a docs page's blocks: the tiny checkpoint, fast.
 

@@ -1,4 +1,7 @@
-"""``fused_moe``: the reference against a naive per-token loop, routing rules, replacement."""
+"""``fused_moe``: the reference against a naive per-token loop, routing rules, replacement.
+
+Also the GPT-OSS options: the clamped ``swigluoai`` activation and the experts' biases.
+"""
 
 from __future__ import annotations
 
@@ -34,9 +37,53 @@ def naive(op: FusedMoEOp, hidden: torch.Tensor, logits: torch.Tensor) -> torch.T
             weight = float(probs[e]) / total if op.renormalize else float(probs[e])
             x = hidden[t].double()
             gate_up = op.w13[e].double() @ x
-            a = F.silu(gate_up[:op.intermediate_size]) * gate_up[op.intermediate_size:]
-            out[t] += weight * (op.w2[e].double() @ a)
+            if op.w13_bias is not None:
+                gate_up = gate_up + op.w13_bias[e].double()
+            gate, up = gate_up[:op.intermediate_size], gate_up[op.intermediate_size:]
+            if op.activation == "silu":
+                a = F.silu(gate) * up
+            else:  # swigluoai, as transformers' GptOssExperts._apply_gate writes it
+                gate = gate.clamp(min=None, max=op.swiglu_limit)
+                up = up.clamp(min=-op.swiglu_limit, max=op.swiglu_limit)
+                a = (up + 1) * (gate * torch.sigmoid(gate * op.swiglu_alpha))
+            down = op.w2[e].double() @ a
+            if op.w2_bias is not None:
+                down = down + op.w2_bias[e].double()
+            out[t] += weight * down
     return out
+
+
+@pytest.mark.parametrize(("activation", "bias"),
+                         [("swigluoai", True), ("swigluoai", False), ("silu", True)])
+def test_swigluoai_and_biases_equal_a_per_token_loop(activation: str, bias: bool) -> None:
+    torch.manual_seed(1)
+    op = FusedMoEOp(E, K, H, INTER, activation=activation,  # type: ignore[arg-type]
+                    swiglu_alpha=1.702, swiglu_limit=1.0, bias=bias)
+    with torch.no_grad():
+        for param in op.parameters():
+            param.copy_(torch.randn(param.shape) * 0.5)  # gate and up reach the clamps
+    assert (op.w13_bias is not None) is bias and (op.w2_bias is not None) is bias
+    expected_options: dict[str, object] = {"bias": True} if bias else {}
+    if activation == "swigluoai":
+        expected_options.update(activation="swigluoai", swiglu_alpha=1.702, swiglu_limit=1.0)
+    assert op.extra_options() == expected_options
+    hidden, logits = torch.randn(9, H), torch.randn(9, E) * 3
+    gate_up = torch.einsum("th,eih->tei", hidden, op.w13)
+    assert gate_up[..., :INTER].max() > 1 and gate_up[..., INTER:].abs().max() > 1
+    torch.testing.assert_close(op(hidden, logits).double(), naive(op, hidden, logits),
+                               atol=1e-5, rtol=1e-5)
+
+
+def test_plain_options_and_bad_options() -> None:
+    op = make_op()
+    assert op.extra_options() == {} and op.activation == "silu" and not op.has_bias
+    assert op.w13_bias is None and op.w2_bias is None
+    assert {name for name, _ in op.named_parameters()} == {"w13", "w2"}
+    with pytest.raises(ValueError, match="activation 'gelu' is not supported; supported: "
+                                         "silu, swigluoai"):
+        FusedMoEOp(E, K, H, INTER, activation="gelu")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="swiglu_limit must be positive, got -1"):
+        FusedMoEOp(E, K, H, INTER, activation="swigluoai", swiglu_limit=-1.0)
 
 
 @pytest.mark.parametrize("renormalize", [True, False])

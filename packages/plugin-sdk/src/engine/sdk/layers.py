@@ -195,7 +195,8 @@ class FusedMoELayer(Protocol):
 
     Attributes:
         op: The op; it holds the parameters ``w13`` ``[E, 2 * I_shard, H]`` and ``w2``
-            ``[E, H, I_shard]``.
+            ``[E, H, I_shard]`` (with ``bias`` also ``w13_bias`` ``[E, 2 * I_shard]`` and
+            ``w2_bias`` ``[E, H]``, the checkpoint's on rank 0 and zeros on the others).
 
     .. versionadded:: 1.1
     """
@@ -211,16 +212,24 @@ class FusedMoELayer(Protocol):
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
         """Copy this rank's part of one expert's (or every expert's) checkpoint tensor.
 
-        Called: by the model's ``load_weights``, once per expert tensor.
+        Called: by the model's ``load_weights``, once per expert tensor (or once per
+        stacked tensor).
 
         Args:
-            param_name: The checkpoint name after the layer's prefix:
+            param_name: The checkpoint name after the layer's prefix: one expert's
                 ``"J.w1.weight"``, ``"J.w3.weight"``, ``"J.w2.weight"`` (Mixtral) or
                 ``"J.gate_proj.weight"``, ``"J.up_proj.weight"``, ``"J.down_proj.weight"``
                 (Qwen-MoE), ``J`` the expert's index; without ``J.`` (``"w1.weight"``)
-                the tensor holds every expert stacked, as GGUF files store them.
-            tensor: The whole expert's tensor: ``[I, H]`` for gate and up, ``[H, I]``
-                for down; stacked: ``[E, I, H]`` and ``[E, H, I]``.
+                the tensor holds every expert stacked, as GGUF files store them; or every
+                expert's, stacked with the expert as dim 0 in the op's layout:
+                ``"gate_up_proj"`` ``[E, 2 * I, H]`` (gate rows, then up rows),
+                ``"down_proj"`` ``[E, H, I]``, and with ``bias`` ``"gate_up_proj_bias"``
+                ``[E, 2 * I]`` and ``"down_proj_bias"`` ``[E, H]`` (a model whose
+                checkpoint stores them otherwise, e.g. GPT-OSS's transposed, interleaved
+                ``gate_up_proj``, rearranges them first).
+            tensor: The whole tensor: ``[I, H]`` for one expert's gate and up, ``[H, I]``
+                for its down; stacked per projection ``[E, I, H]`` and ``[E, H, I]``; the
+                op-layout shapes above.
             shard: ``None``.
 
         Raises:
@@ -434,14 +443,19 @@ class LayerFactory(Protocol):
         """
 
     def fused_moe(self, prefix: str, num_experts: int, top_k: int, hidden_size: int,
-                  intermediate_size: int, *, renormalize: bool = True) -> FusedMoELayer:
+                  intermediate_size: int, *, renormalize: bool = True,
+                  activation: Literal["silu", "swigluoai"] = "silu",
+                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+                  bias: bool = False) -> FusedMoELayer:
         """A mixture-of-experts MLP: the ``fused_moe`` op (or its selected replacement).
 
         The router (``gate``) is the model's own: a replicated ``linear(..., (num_experts,))``
         whose output is the layer's ``router_logits``. Each expert is a SwiGLU MLP
-        (``w2 @ (silu(w1 @ x) * (w3 @ x))``); under tensor parallelism every rank holds every
-        expert with an even share of its intermediate size, and the layer sums the ranks'
-        outputs, as a row-parallel linear does.
+        (``w2 @ (silu(w1 @ x) * (w3 @ x))``; GPT-OSS's clamped variant with
+        ``activation="swigluoai"``, biases with ``bias``); under tensor parallelism every
+        rank holds every expert with an even share of its intermediate size, and the layer
+        sums the ranks' outputs, as a row-parallel linear does (the down projection's bias
+        counted once).
 
         Args:
             prefix: The experts' checkpoint name (``"model.layers.0.block_sparse_moe.experts"``
@@ -453,13 +467,20 @@ class LayerFactory(Protocol):
             intermediate_size: Each expert's intermediate size, whole model.
             renormalize: Renormalise the ``top_k`` routing weights to sum to one (Mixtral;
                 Qwen3-MoE's ``norm_topk_prob``); see :class:`engine.sdk.ops.FusedMoEOp`.
+            activation: The experts' gated activation: ``"silu"`` (SwiGLU) or
+                ``"swigluoai"`` (GPT-OSS: ``(clamp(up) + 1) * gate * sigmoid(alpha * gate)``,
+                gate clamped from above); see :class:`engine.sdk.ops.FusedMoEOp`.
+            swiglu_alpha: ``"swigluoai"``'s ``alpha`` (GPT-OSS's ``swiglu_alpha``).
+            swiglu_limit: ``"swigluoai"``'s clamp limit (GPT-OSS's ``swiglu_limit``).
+            bias: The experts' gate/up and down projections carry biases.
 
         Returns:
             The layer (a ``torch.nn.Module``).
 
         Raises:
-            ValueError: ``intermediate_size`` does not split across the ranks, or a size or
-                ``top_k`` is out of range.
+            ValueError: ``intermediate_size`` does not split across the ranks, a size or
+                ``top_k`` is out of range, or an unknown ``activation`` or a non-positive
+                ``swiglu_limit``.
 
         .. versionadded:: 1.1
         """

@@ -476,7 +476,7 @@ class GeluAndMulOp(CustomOp):
 
 
 class FusedMoEOp(CustomOp):
-    """``fused_moe``: a mixture-of-experts MLP (router top-k, SwiGLU experts, weighted sum).
+    """``fused_moe``: a mixture-of-experts MLP (router top-k, gated experts, weighted sum).
 
     Call: ``op(hidden, router_logits)`` -> ``out``, with ``hidden`` ``[T, H]``,
     ``router_logits`` ``[T, E]`` (the router's scores of every expert, any float dtype) and
@@ -486,34 +486,59 @@ class FusedMoEOp(CustomOp):
     keeps its ``top_k`` largest ``p`` (``ids [T, top_k]``, ``weights [T, top_k]``); with
     ``renormalize`` the kept weights are divided by their sum (Mixtral; Qwen3-MoE's
     ``norm_topk_prob``), without it they stay the softmax's probabilities (Qwen2-MoE).
-    ("Top-k, then softmax over the k logits", as some checkpoints spell it, is the same
-    as ``renormalize=True``.)
+    ("Top-k, then softmax over the k logits", as some checkpoints spell it (GPT-OSS), is
+    the same as ``renormalize=True``.)
 
     Reference semantics (``forward_native``), with ``I`` this rank's intermediate size::
 
         for every token t and each of its k experts e = ids[t, j]:
-            gate_up = w13[e] @ hidden[t]                    # [2 * I], hidden's dtype
-            a = silu(gate_up[:I]) * gate_up[I:]             # SiluAndMulOp
-            out[t] += weights[t, j] * (w2[e] @ a)           # summed in float32
+            gate_up = w13[e] @ hidden[t] (+ w13_bias[e])    # [2 * I], hidden's dtype
+            a = act(gate_up[:I], gate_up[I:])               # activate()
+            out[t] += weights[t, j] * (w2[e] @ a (+ w2_bias[e]))   # summed in float32
         out = out.to(hidden.dtype)
 
+    with ``act`` chosen by ``activation``:
+
+    * ``"silu"`` (the default; SwiGLU: Mixtral, Qwen-MoE): ``silu(gate) * up``, as
+      :class:`SiluAndMulOp`;
+    * ``"swigluoai"`` (GPT-OSS's clamped SwiGLU, constants ``swiglu_alpha`` and
+      ``swiglu_limit``)::
+
+          gate = gate.clamp(max=limit); up = up.clamp(-limit, limit)
+          act = (up + 1) * (gate * sigmoid(alpha * gate))
+
+      Gate and up are the halves of ``gate_up`` here as for ``"silu"``; a checkpoint that
+      interleaves them (GPT-OSS's ``gate_up_proj`` columns ``0::2`` gate, ``1::2`` up) is
+      de-interleaved when it is loaded.
+
+    With ``bias`` the experts' projections carry biases (``w13_bias``, ``w2_bias``; the
+    ``(+ ...)`` terms above); without it there are none (``w13_bias`` and ``w2_bias`` are
+    ``None``).
+
     Under tensor parallelism every rank holds every expert, each with its share ``I`` of
-    the intermediate dimension (w1/w3 rows, w2 columns): ``out`` is then this rank's
-    partial sum, and the caller sums it over the ranks, as a row-parallel linear layer
-    does (the layer :meth:`engine.sdk.layers.LayerFactory.fused_moe` builds does that).
+    the intermediate dimension (w1/w3 rows and their bias, w2 columns): ``out`` is then
+    this rank's partial sum, and the caller sums it over the ranks, as a row-parallel
+    linear layer does (the layer :meth:`engine.sdk.layers.LayerFactory.fused_moe` builds
+    does that). ``w2_bias`` must enter that sum once: the layer loads the checkpoint's on
+    rank 0 and leaves zeros on the others, so the op always adds the ``w2_bias`` it holds.
 
     Parameters (initialised to zeros; the engine's layer loads them):
 
     * ``w13``: ``[E, 2 * I, H]``, expert ``e``'s gate projection (``w1``, ``gate_proj``)
       in rows ``[:I]`` and its up projection (``w3``, ``up_proj``) in rows ``[I:]``;
-    * ``w2``: ``[E, H, I]``, the down projections (``w2``, ``down_proj``).
+    * ``w2``: ``[E, H, I]``, the down projections (``w2``, ``down_proj``);
+    * with ``bias``: ``w13_bias`` ``[E, 2 * I]`` (gate's then up's) and ``w2_bias``
+      ``[E, H]``.
 
     The reference groups the tokens by expert (one product per expert over only its
     tokens), so it is also the engine's CPU implementation. Because the groups' sizes
     depend on the routing (a host synchronisation), neither graph kind can record it.
     Replacements (a fused kernel that routes, groups and multiplies in a few launches)
     must match it within floating-point tolerance and must not modify their inputs; they
-    may keep the weights in another layout after ``process_weights_after_loading``.
+    may keep the weights in another layout after ``process_weights_after_loading``. A
+    replacement that implements only some options must check each instance's
+    (:meth:`extra_options`: empty for plain SwiGLU experts without biases) and run the
+    reference (``FusedMoEOp.forward_native``, weights kept in its layout) for the others.
 
     Attributes:
         num_experts: ``E``.
@@ -521,11 +546,18 @@ class FusedMoEOp(CustomOp):
         hidden_size: ``H``.
         intermediate_size: ``I``, this rank's share of each expert's intermediate size.
         renormalize: Whether the ``top_k`` weights are renormalised to sum to one.
+        activation: ``"silu"`` or ``"swigluoai"``.
+        swiglu_alpha: ``"swigluoai"``'s ``alpha`` (unused by ``"silu"``).
+        swiglu_limit: ``"swigluoai"``'s ``limit`` (unused by ``"silu"``).
+        has_bias: Whether ``w13_bias`` and ``w2_bias`` exist.
 
     .. versionadded:: 1.1
     """
 
     name: ClassVar[str] = "fused_moe"
+
+    #: The ``activation`` values the contract defines.
+    ACTIVATIONS: ClassVar[tuple[str, ...]] = ("silu", "swigluoai")
 
     def __init__(
         self,
@@ -535,10 +567,14 @@ class FusedMoEOp(CustomOp):
         intermediate_size: int,
         *,
         renormalize: bool = True,
+        activation: Literal["silu", "swigluoai"] = "silu",
+        swiglu_alpha: float = 1.702,
+        swiglu_limit: float = 7.0,
+        bias: bool = False,
         dtype: torch.dtype | None = None,
         dispatch_key: str = NATIVE,
     ) -> None:
-        """Create ``w13`` and ``w2`` (zeros).
+        """Create ``w13`` and ``w2`` (and with ``bias`` ``w13_bias``, ``w2_bias``), zeros.
 
         Args:
             num_experts: Experts ``E``.
@@ -547,11 +583,18 @@ class FusedMoEOp(CustomOp):
             intermediate_size: This rank's intermediate size ``I`` of each expert.
             renormalize: Renormalise the kept weights to sum to one (see the class
                 docstring).
+            activation: The experts' gated activation, ``"silu"`` or ``"swigluoai"`` (see
+                the class docstring).
+            swiglu_alpha: ``"swigluoai"``'s ``alpha`` (GPT-OSS: 1.702).
+            swiglu_limit: ``"swigluoai"``'s clamp ``limit``, positive (GPT-OSS: 7.0).
+            bias: The experts' projections carry biases.
             dtype: Dtype of the weights (default: torch's default dtype).
             dispatch_key: See :class:`CustomOp`.
 
         Raises:
-            ValueError: a size is not positive, or ``top_k`` is not in ``[1, E]``.
+            ValueError: a size is not positive, ``top_k`` is not in ``[1, E]``,
+                ``activation`` is not one of :attr:`ACTIVATIONS`, or ``swiglu_limit`` is
+                not positive.
         """
         super().__init__(dispatch_key=dispatch_key)
         if min(num_experts, hidden_size, intermediate_size) <= 0:
@@ -560,17 +603,59 @@ class FusedMoEOp(CustomOp):
                              f"intermediate_size={intermediate_size}")
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top_k must be in [1, {num_experts}], got {top_k}")
+        if activation not in self.ACTIVATIONS:
+            raise ValueError(f"fused_moe activation {activation!r} is not supported; "
+                             f"supported: {', '.join(self.ACTIVATIONS)}")
+        if not swiglu_limit > 0:
+            raise ValueError(f"fused_moe swiglu_limit must be positive, got {swiglu_limit}")
         self.num_experts = num_experts
         self.top_k = top_k
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.renormalize = renormalize
+        self.activation = activation
+        self.swiglu_alpha = float(swiglu_alpha)
+        self.swiglu_limit = float(swiglu_limit)
+        self.has_bias = bias
         self.w13 = torch.nn.Parameter(
             torch.zeros(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype),
             requires_grad=False)
         self.w2 = torch.nn.Parameter(
             torch.zeros(num_experts, hidden_size, intermediate_size, dtype=dtype),
             requires_grad=False)
+        self.w13_bias: torch.nn.Parameter | None = None
+        self.w2_bias: torch.nn.Parameter | None = None
+        if bias:
+            self.w13_bias = torch.nn.Parameter(
+                torch.zeros(num_experts, 2 * intermediate_size, dtype=dtype),
+                requires_grad=False)
+            self.w2_bias = torch.nn.Parameter(
+                torch.zeros(num_experts, hidden_size, dtype=dtype), requires_grad=False)
+
+    def extra_options(self) -> dict[str, object]:
+        """The options this instance sets beyond plain SwiGLU experts without biases.
+
+        ``{}`` for ``activation="silu"`` without ``bias``; else ``"activation"`` (with its
+        ``"swiglu_alpha"`` and ``"swiglu_limit"``) and/or ``"bias"`` mapped to their values.
+        A replacement compares the keys with those it implements (``renormalize`` is
+        routing, which :meth:`route` covers, and is not listed).
+
+        .. versionadded:: 1.1
+        """
+        options: dict[str, object] = {}
+        if self.activation != "silu":
+            options.update(activation=self.activation, swiglu_alpha=self.swiglu_alpha,
+                           swiglu_limit=self.swiglu_limit)
+        if self.has_bias:
+            options["bias"] = True
+        return options
+
+    def extra_repr(self) -> str:
+        """Sizes and options, for ``print(model)``."""
+        return (f"num_experts={self.num_experts}, top_k={self.top_k}, "
+                f"hidden_size={self.hidden_size}, intermediate_size={self.intermediate_size}"
+                f", renormalize={self.renormalize}, activation={self.activation!r}, "
+                f"bias={self.has_bias}")
 
     def route(self, router_logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The routing rule: ``(weights [T, top_k] float32, ids [T, top_k] int64)``.
@@ -584,6 +669,23 @@ class FusedMoEOp(CustomOp):
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights, ids
+
+    def activate(self, gate_up: torch.Tensor) -> torch.Tensor:
+        """The gated activation: ``[..., 2 * I]`` (gate, then up) -> ``[..., I]``.
+
+        ``activation``'s formula (see the class docstring) in ``gate_up``'s dtype;
+        replacements may call it.
+
+        .. versionadded:: 1.1
+        """
+        size = gate_up.shape[-1] // 2
+        gate, up = gate_up[..., :size], gate_up[..., size:]
+        if self.activation == "silu":
+            return F.silu(gate) * up
+        limit = self.swiglu_limit
+        gate = gate.clamp(max=limit)
+        up = up.clamp(min=-limit, max=limit)
+        return (up + 1) * (gate * torch.sigmoid(gate * self.swiglu_alpha))
 
     def forward(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         """Route and run the experts; see the class docstring."""
@@ -608,15 +710,16 @@ class FusedMoEOp(CustomOp):
         tokens = order // self.top_k  # the token of each sorted pair
         pair_weights = weights.reshape(-1)[order]
         counts = torch.bincount(flat_ids, minlength=self.num_experts).tolist()
-        size = self.intermediate_size
         start = 0
         for expert, count in enumerate(counts):
             if count == 0:
                 continue
             rows = tokens[start:start + count]
             x = hidden.index_select(0, rows)
-            gate_up = F.linear(x, self.w13[expert])
-            y = F.linear(F.silu(gate_up[:, :size]) * gate_up[:, size:], self.w2[expert])
+            b13 = None if self.w13_bias is None else self.w13_bias[expert]
+            b2 = None if self.w2_bias is None else self.w2_bias[expert]
+            y = F.linear(self.activate(F.linear(x, self.w13[expert], b13)), self.w2[expert],
+                         b2)
             out.index_add_(0, rows, y.float() * pair_weights[start:start + count, None])
             start += count
         return out.to(hidden.dtype)

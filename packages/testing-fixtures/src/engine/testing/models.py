@@ -40,7 +40,11 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
     4 and attention logit soft cap 2: small enough to matter; tied embeddings), ``gemma3``
     (text only: 4 layers of ``layer_types`` sliding, sliding, full, sliding with window 8,
     per-type rope (full: linear scaling 2, base 1e5; sliding: base 1e4), ``head_dim`` 32,
-    per-head q/k norms, tied embeddings). Gemma's norms scale by ``1 + weight``: their
+    per-head q/k norms, tied embeddings), ``gpt_oss`` (4 layers alternating a sliding
+    window of 8 and full attention, per-head sinks, q/k/v/o biases, YaRN rope (factor 4
+    over 64 positions), ``head_dim`` 16; 4 experts of intermediate size 48 with biases and
+    the clamped SwiGLU, top 2; a router as mixtral's, its bias too, and every bias and sink
+    drawn at random so that they matter). Gemma's norms scale by ``1 + weight``: their
     weights are drawn from [-0.5, 0.5] so that they matter. Returns ``path`` (config.json +
     model.safetensors + a byte-level tokenizer).
     """
@@ -84,17 +88,31 @@ def build_tiny_checkpoint(path: Path, kind: str = "llama", seed: int = 0,
                                    **overrides})
     elif kind in ("gemma2", "gemma3"):
         config = _gemma_config(kind, params, overrides)
+    elif kind == "gpt_oss":
+        from transformers import GptOssConfig
+
+        config = GptOssConfig(**{
+            **params, "num_hidden_layers": 4, "head_dim": 16, "intermediate_size": 48,
+            "num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 8,
+            "layer_types": ["sliding_attention", "full_attention"] * 2,
+            "rope_parameters": {"rope_type": "yarn", "rope_theta": 150000.0, "factor": 4.0,
+                                "beta_fast": 32.0, "beta_slow": 1.0, "truncate": False,
+                                "original_max_position_embeddings": 64},
+            "tie_word_embeddings": False, **overrides})
     else:
         raise ValueError(f"unknown tiny checkpoint kind {kind!r}: llama, qwen2, mistral, "
-                         f"qwen3, phi3, mixtral, qwen3_moe, gemma2 or gemma3")
+                         f"qwen3, phi3, mixtral, qwen3_moe, gemma2, gemma3 or gpt_oss")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():  # a larger init spread makes logits (and greedy paths) distinct
         for name, param in model.named_parameters():
-            if kind in ("mixtral", "qwen3_moe") and name.endswith(".gate.weight"):
+            if ((kind in ("mixtral", "qwen3_moe") and name.endswith(".gate.weight"))
+                    or (kind == "gpt_oss" and name.endswith(".router.weight"))):
                 param.normal_(0.0, 0.5)  # decisive routing: no top-k near-ties
             elif kind in ("gemma2", "gemma3") and name.endswith("embed_tokens.weight"):
                 param.normal_(0.0, 0.15)  # the tied head's logits: spread, not flat
+            elif kind == "gpt_oss" and (name.endswith("bias") or name.endswith(".sinks")):
+                param.normal_(0.0, 0.5)  # biases (the router's too) and sinks matter
             elif param.dim() > 1:
                 param.normal_(0.0, 0.08)
             elif kind in ("qwen3", "qwen3_moe") and name.endswith("_norm.weight"):

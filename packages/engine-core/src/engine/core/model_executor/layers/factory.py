@@ -329,16 +329,24 @@ class LayerFactory:
         return cls(approximate, dispatch_key=self.dispatch_key)
 
     def fused_moe(self, prefix: str, num_experts: int, top_k: int, hidden_size: int,
-                  intermediate_size: int, *, renormalize: bool = True) -> MoELayer:
+                  intermediate_size: int, *, renormalize: bool = True,
+                  activation: Literal["silu", "swigluoai"] = "silu",
+                  swiglu_alpha: float = 1.702, swiglu_limit: float = 7.0,
+                  bias: bool = False) -> MoELayer:
         """``fused_moe``: every expert, this rank's share of each intermediate dimension.
 
+        With ``bias`` the down projection's bias is loaded on rank 0 only (zeros on the
+        others), so the ranks' sum counts it once.
+
         Raises:
-            ValueError: ``intermediate_size`` does not split across the ranks, or a size or
-                ``top_k`` is out of range.
+            ValueError: ``intermediate_size`` does not split across the ranks, a size or
+                ``top_k`` is out of range, or an unknown ``activation`` or a non-positive
+                ``swiglu_limit`` (the op's checks).
         """
         part = even_slice(intermediate_size, self.tp_rank, self.tp_size,
                           "expert intermediate features")
         cls = cast(type[FusedMoEOp], self._op("fused_moe"))
         op = cls(num_experts, top_k, hidden_size, part.size, renormalize=renormalize,
-                 dtype=self.dtype, dispatch_key=self.dispatch_key)
+                 activation=activation, swiglu_alpha=swiglu_alpha, swiglu_limit=swiglu_limit,
+                 bias=bias, dtype=self.dtype, dispatch_key=self.dispatch_key)
         return MoELayer(op, prefix, part, self.tp)

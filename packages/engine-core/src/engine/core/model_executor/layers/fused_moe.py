@@ -2,17 +2,22 @@
 
 The computation is the ``fused_moe`` custom op (``engine.sdk.ops.FusedMoEOp``: the
 built-in reference or a selected replacement), which holds the stacked weights ``w13``
-``[E, 2 * I_shard, H]`` and ``w2`` ``[E, H, I_shard]``. This layer adds what the op does
-not know about:
+``[E, 2 * I_shard, H]`` and ``w2`` ``[E, H, I_shard]`` (with ``bias`` also ``w13_bias``
+``[E, 2 * I_shard]`` and ``w2_bias`` ``[E, H]``). This layer adds what the op does not
+know about:
 
 * tensor parallelism: every rank holds every expert with an even share of its
-  intermediate size (w1/w3 rows, w2 columns: column- then row-parallel, like a dense
-  MLP); the op returns the rank's partial sum and the layer all-reduces it, as a
-  row-parallel ``Linear`` does;
+  intermediate size (w1/w3 rows and their bias, w2 columns: column- then row-parallel,
+  like a dense MLP); the op returns the rank's partial sum and the layer all-reduces it,
+  as a row-parallel ``Linear`` does. The down projection's bias ``w2_bias`` is loaded on
+  rank 0 only (the others keep zeros), so the sum counts it once;
 * loading: each expert's checkpoint tensors (Mixtral ``J.w1/w3/w2.weight``, Qwen-MoE
   ``J.gate_proj/up_proj/down_proj.weight``) go to their expert's rows, this rank's slice;
-  so do tensors of every expert stacked (``w1.weight`` ``[E, I, H]``, ``w2.weight``
-  ``[E, H, I]``, ...: how GGUF files store experts, ``blk.N.ffn_gate_exps``).
+  so do tensors of every expert stacked along a first dimension: per projection
+  (``w1.weight`` ``[E, I, H]``, ``w2.weight`` ``[E, H, I]``, ...: how GGUF files store
+  experts, ``blk.N.ffn_gate_exps``) or in the op's layout (``gate_up_proj``
+  ``[E, 2 * I, H]``, ``down_proj`` ``[E, H, I]``, ``gate_up_proj_bias`` ``[E, 2 * I]``,
+  ``down_proj_bias`` ``[E, H]``), this rank's slice.
 """
 
 from __future__ import annotations
@@ -30,12 +35,18 @@ PROJECTIONS = {
     "w2": ("w2", None), "down_proj": ("w2", None),
 }
 
+#: Stacked checkpoint name (every expert, dim 0) -> the op's parameter it fills.
+STACKED = {
+    "gate_up_proj": "w13", "down_proj": "w2",
+    "gate_up_proj_bias": "w13_bias", "down_proj_bias": "w2_bias",
+}
+
 
 class MoELayer(nn.Module):
     """``out = layer(hidden, router_logits)``: ``fused_moe`` summed over the ranks.
 
     Attributes:
-        op: The op (parameters ``w13``, ``w2``).
+        op: The op (parameters ``w13``, ``w2``; with bias ``w13_bias``, ``w2_bias``).
         prefix: The experts' checkpoint name.
         intermediate_slice: This rank's part of each expert's intermediate dimension.
         tp: The tensor-parallel group.
@@ -57,15 +68,20 @@ class MoELayer(nn.Module):
                     ) -> None:
         """Copy this rank's part of expert tensor ``{prefix}.{param_name}``.
 
-        ``param_name`` is ``"J.w1.weight"`` (expert ``J``'s gate), ``"J.w3.weight"`` (up),
+        ``param_name`` is one expert's ``"J.w1.weight"`` (gate), ``"J.w3.weight"`` (up),
         ``"J.w2.weight"`` (down), or the Qwen-MoE names ``gate_proj``, ``up_proj``,
         ``down_proj``; without ``J.`` (``"w1.weight"``) the tensor holds every expert,
-        stacked along a first dimension of ``num_experts``.
+        stacked along a first dimension of ``num_experts``; or a stacked tensor of
+        :data:`STACKED` in the op's layout (see the module docstring).
 
         Raises:
-            ValueError: an unknown name, an expert out of range, or a shape that does not fit.
+            ValueError: an unknown name, an expert out of range, a bias for an op without
+                biases, or a shape that does not fit.
         """
         name = f"{self.prefix}.{param_name}"
+        if param_name in STACKED and shard is None:
+            self._load_stacked(name, STACKED[param_name], tensor)
+            return
         parts = param_name.split(".")
         stacked = len(parts) == 2
         if stacked:
@@ -74,7 +90,7 @@ class MoELayer(nn.Module):
                 or parts[1] not in PROJECTIONS or parts[2] != "weight" or shard is not None):
             raise ValueError(f"checkpoint tensor {name!r}: a fused MoE layer takes "
                              f"'[J.]<w1|w3|w2|gate_proj|up_proj|down_proj>.weight' (without "
-                             f"J: every expert stacked)")
+                             f"J: every expert stacked) or a stacked '<{'|'.join(STACKED)}>'")
         experts = slice(None) if stacked else int(parts[0])
         if not stacked and int(parts[0]) >= self.op.num_experts:
             raise ValueError(f"checkpoint tensor {name!r}: expert {parts[0]} of "
@@ -98,3 +114,29 @@ class MoELayer(nn.Module):
             piece = tensor[..., start:start + size]
             destination = param.data[experts]
         destination.copy_(piece)
+
+    def _load_stacked(self, name: str, target: str, tensor: torch.Tensor) -> None:
+        """Every expert's ``target`` from one ``[E, ...]`` tensor, this rank's slice."""
+        param: torch.Tensor | None = getattr(self.op, target)
+        if param is None:
+            raise ValueError(f"checkpoint tensor {name!r}: the fused MoE layer was built "
+                             f"without expert biases (bias=False)")
+        experts, hidden = self.op.num_experts, self.op.hidden_size
+        start, size = self.intermediate_slice.start, self.intermediate_slice.size
+        full_i = size * self.tp.size
+        expected = {"w13": (experts, 2 * full_i, hidden), "w2": (experts, hidden, full_i),
+                    "w13_bias": (experts, 2 * full_i), "w2_bias": (experts, hidden)}[target]
+        if tuple(tensor.shape) != expected:
+            raise ValueError(f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, "
+                             f"the model expects {expected}")
+        if target in ("w13", "w13_bias"):
+            # Gate rows [start, start + size) and the same rows of up, which follow gate.
+            piece = torch.cat((tensor[:, start:start + size],
+                               tensor[:, full_i + start:full_i + start + size]), dim=1)
+        elif target == "w2":
+            piece = tensor[:, :, start:start + size]
+        elif self.tp.rank == 0:
+            piece = tensor  # w2_bias: added once, by rank 0 (the others keep zeros)
+        else:
+            return
+        param.data.copy_(piece)

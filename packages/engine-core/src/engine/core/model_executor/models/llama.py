@@ -18,7 +18,9 @@ row-parallel, the embedding and LM head split by vocabulary rows.
 
 Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_layer_cls``,
 ``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
-before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms;
+before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms, and
+``LlamaAttention.attention_options`` (the attention layer's options), as GPT-OSS
+(``models.gpt_oss``) does for its per-layer windows and sinks;
 ``LlamaDecoderLayer.mlp_cls`` / ``mlp_prefix`` (the MLP and its checkpoint name), as
 Mixtral (``models.mixtral``) does for its mixture of experts, and ``build_mlp`` (the MLP of
 one layer), as Qwen3-MoE (``models.qwen3_moe``) does for its dense ``mlp_only_layers``.
@@ -79,13 +81,23 @@ class LlamaAttention(nn.Module):
             self.head_dim, int(self.head_dim * rope.get("partial_rotary_factor", 1.0)),
             config.max_position_embeddings, rope,
         )
+        self.attn = layers.attention(
+            f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+            head_size=self.head_dim, scale=self.head_dim**-0.5,
+            **self.attention_options(config, prefix),
+        )
+
+    def attention_options(self, config: Any, prefix: str) -> dict[str, Any]:
+        """The keyword options of this layer's ``layers.attention``.
+
+        ``prefix`` is the attention's, ``model.layers.{i}.self_attn``. Here
+        ``sliding_window`` from the config (``None`` when ``use_sliding_window`` is
+        False); GPT-OSS chooses the window per layer and adds ``sinks``.
+        """
         window = getattr(config, "sliding_window", None)
         if getattr(config, "use_sliding_window", True) is False:
             window = None
-        self.attn = layers.attention(
-            f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            head_size=self.head_dim, scale=self.head_dim**-0.5, sliding_window=window,
-        )
+        return {"sliding_window": window}
 
     def per_head(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The per-head step on q and k (``[tokens, heads, head_dim]``) before the rotation.
