@@ -58,7 +58,7 @@ def _inference() -> object:
 @pytest.mark.parametrize("renormalize", [True, False])
 def test_it_matches_the_reference(dtype: torch.dtype, shape: tuple[int, int, int, int],
                                   tokens: int, renormalize: bool) -> None:
-    experts, top_k, hidden, size = shape
+    experts, _, hidden, _ = shape
     op = _op(*shape, dtype, renormalize, seed=tokens)
     assert op.panels() is not None  # the kernel runs, not the reference it falls back to
     gen = torch.Generator().manual_seed(tokens + 1)
