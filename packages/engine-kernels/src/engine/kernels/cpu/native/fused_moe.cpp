@@ -23,7 +23,8 @@
 // the same expert outputs the sum is the reference's bit for bit.
 //
 // Threads: torch's count (num_threads), at most one per work item, as the products'
-// kernels choose theirs. Chunks are whole panels (32 columns), sized so that the items are
+// kernels choose theirs; one team runs the gather, the two products' passes and the sums
+// (one fork per layer). Chunks are whole panels (32 columns), sized so that the items are
 // a few per thread: enough to balance, few enough that each reuses its rows.
 
 #include <omp.h>
@@ -191,45 +192,43 @@ int fused_moe(int code, const T* hidden, int64_t h_row, int64_t tokens, const fl
     for (int64_t q = 0; q < pairs; ++q) position[q] = static_cast<int32_t>(next[experts[q]]++);
   }
   const int64_t elem = static_cast<int64_t>(sizeof(T));
-  const int gather_threads = static_cast<int>(std::min<int64_t>(pairs, num_threads));
-#pragma omp parallel for num_threads(gather_threads) schedule(static) if (pairs * H >= 32768)
-  for (int64_t q = 0; q < pairs; ++q) {
-    std::memcpy(x + position[q] * H, hidden + (q / k) * h_row, static_cast<size_t>(H * elem));
-  }
-
-  int status = 0;
   // Gate and up chunks side by side in gate_up's row (columns 2 * first ..), then the
-  // SiLU-and-mul of that chunk into act's columns first ...
+  // SiLU-and-mul of that chunk into act's columns first ..; then the down chunks.
   const std::vector<Item> first_items = items_of(offsets, E, I, num_threads);
-  int threads = static_cast<int>(std::min<int64_t>(first_items.size(), num_threads));
-#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static) reduction(| : status)
-  for (size_t i = 0; i < first_items.size(); ++i) {
-    const Item& item = first_items[i];
-    const int64_t start = offsets[item.expert], rows = offsets[item.expert + 1] - start;
-    const T* xe = x + start * H;
-    T* gu = gate_up + start * 2 * I + 2 * item.first;
-    status |= product(code, xe, H, rows, gate, item.expert, item.first, item.cols, gu, 2 * I);
-    status |= product(code, xe, H, rows, up, item.expert, item.first, item.cols,
-                      gu + item.cols, 2 * I);
-    status |= engine_silu_and_mul(code == kWidened ? kFloat32 : code, gu, 2 * I,
-                                  act + start * I + item.first, I, rows, item.cols, 1);
-  }
-  if (status != 0) return status;
   const std::vector<Item> down_items = items_of(offsets, E, H, num_threads);
-  threads = static_cast<int>(std::min<int64_t>(down_items.size(), num_threads));
-#pragma omp parallel for num_threads(std::max(threads, 1)) schedule(static) reduction(| : status)
-  for (size_t i = 0; i < down_items.size(); ++i) {
-    const Item& item = down_items[i];
-    const int64_t start = offsets[item.expert], rows = offsets[item.expert + 1] - start;
-    status |= product(code, act + start * I, I, rows, down, item.expert, item.first,
-                      item.cols, y + start * H + item.first, H);
-  }
-  if (status != 0) return status;
-
-  // out[t] = sum over t's experts, ascending, of weight * row, in float32; rounded once.
-  const int sum_threads = static_cast<int>(std::min<int64_t>(tokens, num_threads));
-#pragma omp parallel num_threads(sum_threads) if (tokens * H >= 32768)
+  const int64_t most = std::max<int64_t>(
+      {static_cast<int64_t>(first_items.size()), static_cast<int64_t>(down_items.size()),
+       tokens});
+  const int threads = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(most,
+                                                                             num_threads)));
+  int status = 0;
+  // One team for the four passes (a fork and join per layer, a barrier between passes).
+#pragma omp parallel num_threads(threads)
   {
+#pragma omp for schedule(static)
+    for (int64_t q = 0; q < pairs; ++q) {
+      std::memcpy(x + position[q] * H, hidden + (q / k) * h_row, static_cast<size_t>(H * elem));
+    }
+#pragma omp for schedule(static) reduction(| : status)
+    for (size_t i = 0; i < first_items.size(); ++i) {
+      const Item& item = first_items[i];
+      const int64_t start = offsets[item.expert], rows = offsets[item.expert + 1] - start;
+      const T* xe = x + start * H;
+      T* gu = gate_up + start * 2 * I + 2 * item.first;
+      status |= product(code, xe, H, rows, gate, item.expert, item.first, item.cols, gu, 2 * I);
+      status |= product(code, xe, H, rows, up, item.expert, item.first, item.cols,
+                        gu + item.cols, 2 * I);
+      status |= engine_silu_and_mul(code == kWidened ? kFloat32 : code, gu, 2 * I,
+                                    act + start * I + item.first, I, rows, item.cols, 1);
+    }
+#pragma omp for schedule(static) reduction(| : status)
+    for (size_t i = 0; i < down_items.size(); ++i) {
+      const Item& item = down_items[i];
+      const int64_t start = offsets[item.expert], rows = offsets[item.expert + 1] - start;
+      status |= product(code, act + start * I, I, rows, down, item.expert, item.first,
+                        item.cols, y + start * H + item.first, H);
+    }
+    // out[t] = sum over t's experts, ascending, of weight * row, in float32; rounded once.
     std::vector<int64_t> slots(static_cast<size_t>(k));
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < tokens; ++t) {
@@ -247,7 +246,8 @@ int fused_moe(int code, const T* hidden, int64_t h_row, int64_t tokens, const fl
       }
     }
   }
-  return 0;
+  // A product's nonzero status (a build without that dtype): out is not to be used.
+  return status;
 }
 
 }  // namespace
