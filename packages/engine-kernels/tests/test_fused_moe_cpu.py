@@ -99,6 +99,27 @@ def test_ties_go_as_torch_topk_sends_them(dtype: torch.dtype, top_k: int) -> Non
     torch.testing.assert_close(got, want, **_tolerance(dtype))
 
 
+@pytest.mark.parametrize("tokens", [1, 40])
+def test_float32_weights_of_bfloat16_values(tokens: int) -> None:
+    """A bfloat16 checkpoint run in float32: on a build that widens (AVX2), the panels are
+    bfloat16, read back as float32, with the float32 products' results."""
+    assert KERNELS is not None
+    if torch.float32 not in KERNELS.packed_matmul_dtypes:
+        pytest.skip("no packed float32 product in this build")
+    op = FusedMoE(6, 2, 64, 40, dtype=torch.float32, dispatch_key="cpu")
+    gen = torch.Generator().manual_seed(10)
+    for w in (op.w13, op.w2):
+        w.copy_((torch.randn(w.shape, generator=gen) * 0.1).to(torch.bfloat16).float())
+    op.process_weights_after_loading()
+    panels = op.panels()
+    assert panels is not None
+    widened = KERNELS.packs_float32_as_bfloat16
+    assert all(p.dtype == (torch.bfloat16 if widened else torch.float32) for p in panels)
+    x, logits = torch.randn(tokens, 64, generator=gen), torch.randn(tokens, 6, generator=gen)
+    torch.testing.assert_close(op(x, logits), FusedMoEOp.forward_native(op, x, logits),
+                               **_tolerance(torch.float32))
+
+
 def test_a_step_graph_records_one_call_with_nothing_read_back() -> None:
     op = _op(8, 2, 64, 48, torch.float32, True, seed=7)
     assert op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH)).ok
