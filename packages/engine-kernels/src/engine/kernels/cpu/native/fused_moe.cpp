@@ -25,7 +25,7 @@
 // Threads: torch's count (num_threads), at most one per work item, as the products'
 // kernels choose theirs; one team runs the gather, the two products' passes and the sums
 // (one fork per layer). Chunks are whole panels (32 columns), sized so that the items are
-// a few per thread: enough to balance, few enough that each reuses its rows.
+// two per thread: enough to balance, as few as that allows (each rereads its rows).
 
 #include <omp.h>
 
@@ -43,7 +43,6 @@
 namespace {
 
 constexpr int64_t kPanel = 32;       // columns of a packed panel (PACKED_MATMUL_PANEL)
-constexpr int64_t kMaxPanelsPerItem = 4;
 constexpr int64_t kItemsPerThread = 2;
 constexpr int64_t kAlign = 64;
 constexpr int kWidened = 2;          // float32 activations on bfloat16 panels
@@ -154,12 +153,14 @@ struct Item {
   int64_t expert, first, cols;
 };
 
-// Each active expert's columns [0, N) in chunks of whole panels, a few items per thread.
+// Each active expert's columns [0, N) in chunks of whole panels, kItemsPerThread items per
+// thread where there are enough panels (larger items reread fewer activation rows and make
+// fewer calls: 1.2x at 1 token on one thread for whole experts against 4-panel items).
 std::vector<Item> items_of(const int64_t* offsets, int64_t E, int64_t N, int num_threads) {
   int64_t panels = 0;
   for (int64_t e = 0; e < E; ++e) panels += offsets[e + 1] > offsets[e] ? panels_of(N) : 0;
   const int64_t per_item = std::clamp<int64_t>(
-      panels / (kItemsPerThread * std::max(num_threads, 1)), 1, kMaxPanelsPerItem);
+      panels / (kItemsPerThread * std::max(num_threads, 1)), 1, panels_of(N));
   std::vector<Item> items;
   for (int64_t e = 0; e < E; ++e) {
     if (offsets[e + 1] == offsets[e]) continue;
