@@ -24,7 +24,7 @@ from engine.sdk import native as machine
 TESTS = Path(__file__).parent
 CORE_TESTS = TESTS.parent.parent / "engine-core" / "tests"
 MODULES = ["test_attention_backends_cpu.py", "test_cpu_ops.py", "test_gguf_dequant_native.py",
-           "test_packed_matmul.py", *(str(CORE_TESTS / name) for name in (
+           "test_packed_matmul.py", "test_fused_moe_cpu.py", *(str(CORE_TESTS / name) for name in (
                "test_linear_kernels.py", "test_quantization_gguf.py", "test_step_graph.py"))]
 FLAGS = set(machine.cpu_flags().split())
 # What the AVX2 build must report, checked before its tests run: float32 only (its small
@@ -80,5 +80,5 @@ def test_kernel_tests_pass_on_the_avx2_build() -> None:
                     "the ordinary run of the kernel tests is the avx512_bf16 (or AVX2) build's")
 def test_kernel_tests_pass_on_the_build_without_amx() -> None:
     env = {**os.environ, "ENGINE_CPU_KERNELS_MARCH": "cooperlake"}
-    run_kernel_tests(env, CHECK_NO_AMX, ["test_packed_matmul.py", *(
+    run_kernel_tests(env, CHECK_NO_AMX, ["test_packed_matmul.py", "test_fused_moe_cpu.py", *(
         str(CORE_TESTS / name) for name in ("test_linear_kernels.py", "test_step_graph.py"))])

@@ -8,11 +8,10 @@ from pathlib import Path
 from engine.testing.test_plugins import run_engine_cli
 
 
-def _op_lines(stdout: str, *, moe: bool = False) -> list[str]:
+def _op_lines(stdout: str, *, every: bool = False) -> list[str]:
     """The line of each op (its candidates, indented further, left out).
 
-    ``fused_moe`` and ``gelu_and_mul`` (which only the built-ins implement) are left out
-    unless ``moe`` (then they come first, in that order).
+    ``gelu_and_mul`` (which only the built-in implements) is left out unless ``every``.
     """
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("custom ops on cpu  ("))
@@ -20,23 +19,23 @@ def _op_lines(stdout: str, *, moe: bool = False) -> list[str]:
            not line.startswith("    ")]
     assert [line.split()[0] for line in ops] == ["fused_moe", "gelu_and_mul", "rms_norm",
                                                  "rotary_embedding", "silu_and_mul"]
-    return ops if moe else ops[2:]
+    return ops if every else [ops[0], *ops[2:]]
 
 
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "list"], test_plugins_dir)
     assert result.returncode == 0, result.stderr
-    # engine-kernels (installed with engine-server) registers all three, with a CPU path
-    # (C++) each: on this CPU they are used, and the built-ins (references) are candidates.
+    # engine-kernels (installed with engine-server) registers four, with a CPU path (C++)
+    # each: on this CPU they are used, and the built-ins (references) are candidates.
     assert all(" = engine.kernels.ops:" in line and "(engine-kernels 0.1.0)" in line
                and "[default: the only implementation with a cpu path]" in line
                for line in _op_lines(result.stdout))
     assert result.stdout.count("(engine-core 0.1.0)  (priority 0; not eligible: it has no "
-                               "cpu path of its own") == 3
-    # fused_moe: only the built-in (the grouped reference) implements it.
-    moe = _op_lines(result.stdout, moe=True)[0]
-    assert ("fused_moe = built-in engine.core.model_executor.layers.builtin_ops:FusedMoE"
-            in moe and "no replacement is installed" in moe), moe
+                               "cpu path of its own") == 4
+    # gelu_and_mul: only the built-in (the reference) implements it.
+    gelu = _op_lines(result.stdout, every=True)[1]
+    assert ("gelu_and_mul = built-in engine.core.model_executor.layers.builtin_ops:GeluAndMul"
+            in gelu and "no replacement is installed" in gelu), gelu
     forced = run_engine_cli(["plugins", "list", "--custom-ops", "all"], test_plugins_dir)
     assert all("engine.kernels.ops:" in line and "[--custom-ops: all]" in line
                for line in _op_lines(forced.stdout))

@@ -531,8 +531,9 @@ class FusedMoEOp(CustomOp):
       ``[E, H]``.
 
     The reference groups the tokens by expert (one product per expert over only its
-    tokens), so it is also the engine's CPU implementation. Because the groups' sizes
-    depend on the routing (a host synchronisation), neither graph kind can record it.
+    tokens). Because the groups' sizes depend on the routing (a host synchronisation),
+    neither graph kind can record it; the engine's CPU implementation (engine-kernels')
+    keeps them inside one native call instead.
     Replacements (a fused kernel that routes, groups and multiplies in a few launches)
     must match it within floating-point tolerance and must not modify their inputs; they
     may keep the weights in another layout after ``process_weights_after_loading``. A

@@ -1,5 +1,10 @@
 """engine-kernels' custom ops (``engine.custom_ops``): C++ CPU paths and Triton CUDA paths."""
 
-from engine.kernels.ops.replacements import RMSNorm, RotaryEmbedding, SiluAndMul
+from engine.kernels.ops.replacements import (
+    FusedMoE,
+    RMSNorm,
+    RotaryEmbedding,
+    SiluAndMul,
+)
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

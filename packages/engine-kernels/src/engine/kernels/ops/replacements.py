@@ -22,6 +22,7 @@ from typing import ClassVar
 import torch
 
 from engine.kernels._triton import INSTALL_HINT, triton_installed
+from engine.kernels.cpu.moe import CpuFusedMoE
 from engine.kernels.cpu.ops import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.ops import NATIVE, CustomOp
@@ -113,4 +114,14 @@ class SiluAndMul(CpuSiluAndMul):
         return super().capture_support(ctx)
 
 
-__all__ = ["RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+class FusedMoE(CpuFusedMoE):
+    """``fused_moe``: on the CPU one native call per layer; elsewhere the reference.
+
+    No Triton kernel yet: on CUDA it runs the contract's reference (what engine-core's
+    built-in runs), so building it there needs no triton.
+    """
+
+    name: ClassVar[str] = "fused_moe"
+
+
+__all__ = ["FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

@@ -15,15 +15,13 @@ only, so it refuses these (the model then runs eagerly, saying so). ``fused_moe`
 both: its reference sizes each expert's product by the tokens routed to it, which the host
 reads from the device (neither graph kind can record a data-dependent shape).
 
-``fused_moe``'s reference is already the grouped computation a CPU needs (the tokens of
-each expert gathered with argsort/bincount, one product pair per expert over only its
-tokens, the weighted rows summed with ``index_add_``), so it is the engine's CPU path too.
-A faster kernel would fuse the routing (softmax + top-k) into one pass, skip the float32
-output accumulator and the gather/scatter copies by working on row indices, run the
-experts' products in parallel (one thread team per expert instead of torch's threads
-inside each small product), and on a GPU do all experts in one grouped GEMM launch over
-block-aligned token groups (vLLM's ``fused_moe`` Triton kernel), which also makes it
-recordable by CUDA graphs.
+``fused_moe``'s reference is the grouped computation (the tokens of each expert gathered
+with argsort/bincount, one product pair per expert over only its tokens, the weighted rows
+summed with ``index_add_``). On the CPU engine-kernels' ``fused_moe`` runs the same in one
+native call per layer (routing, grouping and every expert's products in C++), which the
+CPU step graph records; on a GPU a kernel would do all experts in one grouped GEMM launch
+over block-aligned token groups (vLLM's ``fused_moe`` Triton kernel), which would also
+make it recordable by CUDA graphs.
 """
 
 from __future__ import annotations

@@ -68,4 +68,13 @@ int engine_matmul(int dtype, const void* x, int64_t x_row, int64_t M, const void
                   const void* packed, int64_t N, int64_t K, const void* bias, void* out,
                   int64_t out_row, int num_threads);
 
+// fused_moe.cpp
+int64_t engine_fused_moe_workspace(int64_t tokens, int64_t top_k, int64_t E, int64_t H,
+                                   int64_t I, int64_t elem);
+int engine_fused_moe(int code, const void* hidden, int64_t h_row, int64_t tokens,
+                     int logits_dtype, const void* logits, int64_t l_row, int64_t E,
+                     int64_t top_k, int renormalize, const void* w13, const void* gate_panels,
+                     const void* up_panels, const void* w2, const void* down_panels, int64_t H,
+                     int64_t I, void* out, int64_t out_row, void* workspace, int num_threads);
+
 }  // extern "C"

@@ -2,7 +2,8 @@
 
 ``paged_attention.cpp`` (the ``cpu`` attention backend), ``elementwise.cpp`` (the CPU
 custom ops, ``engine.kernels.cpu.ops``), ``small_matmul.cpp``, ``packed_matmul.cpp``,
-``amx_matmul.cpp`` and ``matmul.cpp`` (the ``cpu`` linear kernel) and ``gguf_dequant.cpp``
+``amx_matmul.cpp`` and ``matmul.cpp`` (the ``cpu`` linear kernel), ``fused_moe.cpp`` (the
+``fused_moe`` op, ``engine.kernels.cpu.moe``) and ``gguf_dequant.cpp``
 (the GGUF kernels' dequantization, ``engine.kernels.gguf``) are compiled on first use
 with the system C++ compiler for this machine by the SDK's ``engine.sdk.native``, as a
 plugin's native code is (float flags per file, see ``SOURCES``); later processes load the
@@ -45,6 +46,9 @@ SOURCES = {
     Path(__file__).with_name("gguf_dequant.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
     # The matmul that picks its loop by row count (the `cpu` linear kernel's).
     Path(__file__).with_name("matmul.cpp"): (),
+    # The mixture of experts (engine.kernels.cpu.moe): its weighted sums in the reference's
+    # order and rounding (no contraction), its products matmul.cpp's.
+    Path(__file__).with_name("fused_moe.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
 HEADERS = tuple(Path(__file__).with_name(name)
                 for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
@@ -61,7 +65,7 @@ PACKED_MATMUL_PANEL = 32
 #: The kernels with a step-graph entry (``engine_graph_<kernel>``, engine_graph_call.h): their
 #: calls are recorded (engine.sdk.graph_calls); any other kernel's refuses the recording.
 GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "matmul", "write_kv",
-                 "paged_attention")
+                 "paged_attention", "fused_moe")
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
@@ -131,6 +135,13 @@ class NativeKernels:
         self._matmul = lib.engine_matmul
         self._matmul.restype = _I32
         self._matmul.argtypes = [_I32, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I32]
+        self._fused_moe = lib.engine_fused_moe
+        self._fused_moe.restype = _I32
+        self._fused_moe.argtypes = [_I32, _P, _I64, _I64, _I32, _P, _I64, _I64, _I64, _I32, _P,
+                                    _P, _P, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
+        self._fused_moe_workspace = lib.engine_fused_moe_workspace
+        self._fused_moe_workspace.restype = _I64
+        self._fused_moe_workspace.argtypes = [_I64, _I64, _I64, _I64, _I64, _I64]
         #: Dtypes ``packed_matmul`` has a kernel for on this CPU (as ``small_matmul_dtypes``).
         self.packed_matmul_dtypes = _dtypes_in(lib.engine_packed_matmul_dtypes())
         #: Whether a float32 weight whose values are all bfloat16 values can be packed as
@@ -322,6 +333,59 @@ class NativeKernels:
         self._run_small_matmul("matmul", self._matmul, x, (
             dense, None if panels is None else panels.data_ptr()), k, bias, out,
             max_rows=None, code=code)
+
+    def fused_moe(self, hidden: torch.Tensor, router_logits: torch.Tensor, top_k: int,
+                  renormalize: bool, w13: torch.Tensor, w2: torch.Tensor,
+                  panels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
+                  out: torch.Tensor) -> None:
+        """``out`` ``[T, H]`` = the mixture of experts of ``hidden`` (``FusedMoEOp``'s rules).
+
+        ``router_logits``: ``[T, E]`` float32 or bfloat16; ``w13`` ``[E, 2I, H]`` and ``w2``
+        ``[E, H, I]``, contiguous, ``hidden``'s dtype; ``panels``: the gate halves', up
+        halves' and ``w2``'s panels (``pack_matmul_weight`` of each expert's ``[I, H]``,
+        ``[I, H]`` and ``[H, I]``, stacked ``[E, size]``), or None (then at most
+        ``SMALL_MATMUL_ROWS`` tokens per expert: 1-3 tokens). Rows of ``hidden``,
+        ``router_logits`` and ``out`` contiguous. One call routes, groups by expert and
+        runs every product (fused_moe.cpp); a step graph records it whole.
+        """
+        tokens, hidden_size = hidden.shape
+        experts, size2, _ = w13.shape
+        size = size2 // 2
+        if router_logits.dim() != 2 or router_logits.shape[0] != tokens or not (
+                router_logits.stride(1) == 1 and router_logits.dtype in DTYPE_CODES):
+            raise ValueError(f"fused_moe: expected router logits [{tokens}, {experts}] float32 "
+                             f"or bfloat16 with contiguous rows, got "
+                             f"{tuple(router_logits.shape)} {router_logits.dtype}")
+        if router_logits.shape[1] != experts or not 1 <= top_k <= experts:
+            raise ValueError(f"fused_moe: {router_logits.shape[1]} logits per token and "
+                             f"top_k {top_k} for {experts} experts")
+        check_rows("fused_moe", hidden.dtype, hidden_size, hidden, out)
+        _check_flat("fused_moe", ("w13", w13, hidden.dtype, experts * size2 * hidden_size),
+                    ("w2", w2, hidden.dtype, experts * hidden_size * size))
+        code = DTYPE_CODES[hidden.dtype]
+        if panels is None:
+            if tokens > SMALL_MATMUL_ROWS or hidden.dtype not in self.small_matmul_dtypes:
+                raise ValueError(f"fused_moe: {tokens} tokens of {hidden.dtype} need the "
+                                 f"packed weights (panels); without them 1.."
+                                 f"{SMALL_MATMUL_ROWS} tokens of "
+                                 f"{sorted(map(str, self.small_matmul_dtypes))}")
+        else:
+            code = self._check_panels("fused_moe", hidden.dtype, hidden_size, panels[0][0],
+                                      size)
+            for part, n, k in ((panels[0], size, hidden_size), (panels[1], size, hidden_size),
+                               (panels[2], hidden_size, size)):
+                _check_flat("fused_moe", ("panels", part, panels[0].dtype,
+                                          experts * packed_matmul_size(n, k)))
+        workspace = torch.empty(self._fused_moe_workspace(
+            tokens, top_k, experts, hidden_size, size, hidden.element_size()), dtype=torch.uint8)
+        gate, up, down = (None, None, None) if panels is None else panels
+        call_status("fused_moe", self._invoke("fused_moe", self._fused_moe,
+            code, hidden.data_ptr(), hidden.stride(0), tokens, DTYPE_CODES[router_logits.dtype],
+            router_logits.data_ptr(), router_logits.stride(0), experts, top_k, int(renormalize),
+            w13.data_ptr(), None if gate is None else gate.data_ptr(),
+            None if up is None else up.data_ptr(), w2.data_ptr(),
+            None if down is None else down.data_ptr(), hidden_size, size, out.data_ptr(),
+            out.stride(0), workspace.data_ptr(), torch.get_num_threads()))
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
         """Call ``entry``, or record its step-graph entry's call while a graph is recorded."""
