@@ -147,6 +147,24 @@ def test_without_the_kernel_s_dtype_it_runs_the_reference() -> None:
     assert torch.equal(op(x, logits), FusedMoEOp.forward_native(op, x, logits))
 
 
+@pytest.mark.parametrize("options", [{"activation": "swigluoai"}, {"bias": True},
+                                     {"activation": "swigluoai", "bias": True}])
+def test_options_the_call_lacks_run_the_reference_unrecorded(options: dict[str, object]
+                                                              ) -> None:
+    """GPT-OSS's experts (clamped SwiGLU, biases): the reference, no panels, no graph."""
+    gen = torch.Generator().manual_seed(9)
+    op = FusedMoE(4, 2, 32, 16, dtype=torch.float32, dispatch_key="cpu", **options)
+    for param in op.parameters():
+        param.data.copy_(torch.randn(param.shape, generator=gen) * 0.3)
+    op.process_weights_after_loading()
+    assert op.panels() is None and not any(name in dict(op.named_buffers())
+                                           for name in PANEL_NAMES)
+    answer = op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH))
+    assert not answer.ok and "does not implement" in answer.reason
+    x, logits = torch.randn(3, 32), torch.randn(3, 4)
+    assert torch.equal(op(x, logits), FusedMoEOp.forward_native(op, x, logits))
+
+
 def test_the_library_refuses_what_it_would_misread() -> None:
     assert KERNELS is not None
     op = _op(4, 2, 32, 16, torch.float32, True, seed=9)

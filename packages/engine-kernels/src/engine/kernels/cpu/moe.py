@@ -17,7 +17,9 @@ the ``cpu`` linear kernel packs a dense layer's weight (float32 weights holding 
 bfloat16 values as bfloat16 on AVX2 builds), kept as non-persistent buffers so a graph may
 point at them. The dense ``w13``/``w2`` stay (the reference and 1-3-token products read
 them). Where the kernels cannot take a call (another dtype, no packed kernel for it on
-this CPU, autograd recording), it runs the reference.
+this CPU, autograd recording), it runs the reference; so does an instance with options
+the native call does not implement (``FusedMoEOp.extra_options``: GPT-OSS's clamped SwiGLU
+and expert biases), which then neither packs its weights nor is recorded.
 """
 
 from __future__ import annotations
@@ -54,7 +56,7 @@ class CpuFusedMoE(FusedMoEOp):
         for name in PANEL_NAMES:
             self._buffers.pop(name, None)
         self._packed = True
-        if kernels is None or not self.w13.is_cpu:
+        if kernels is None or not self.w13.is_cpu or self.extra_options():
             return
         panels = _pack(kernels, self.w13.detach(), self.w2.detach(), self.intermediate_size)
         if panels is not None:
@@ -90,6 +92,10 @@ class CpuFusedMoE(FusedMoEOp):
     def capture_support(self, ctx: CaptureContext) -> Support:
         """The CPU step graph where it runs its native call (its weights packed here)."""
         answer = _capture_support(self, ctx, CpuFusedMoE.forward_cpu, FusedMoEOp)
+        unsupported = ", ".join(sorted(self.extra_options()))
+        if answer.ok and unsupported:
+            return Support.no(f"its native call does not implement the experts' {unsupported} "
+                              f"(it runs the reference, whose sizes come from the routing)")
         if answer.ok and self.panels() is None:
             return Support.no(f"its {self.w13.dtype} weights cannot be packed on this CPU "
                               f"(it runs the reference, whose sizes come from the routing)")
