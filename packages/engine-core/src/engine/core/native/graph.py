@@ -15,7 +15,9 @@ What makes a recording sound:
 * Only graph functions run (C functions with the graph's ABI, ``graph_call.h``: each
   recorded with its address and arguments; graph.cpp names none); torch ops may only make views,
   allocate, copy (a ``clone``, ``copy_`` or copying ``reshape``/``contiguous``, recorded as
-  ``copy_rows``) or look up an embedding (``gather_rows``). Anything else that computes
+  ``copy_rows``), look up an embedding (``gather_rows``) or multiply a float tensor of the
+  pass by a Python number (``scale_rows``, an embedding's output scale). Anything else
+  that computes
   (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
   with the op's name, and the caller runs the model eagerly.
 * The pass is recorded at several token counts (``record_at``): the calls must be the same
@@ -211,13 +213,16 @@ class _RecordingMode(TorchDispatchMode):
             self.recording.allocated(out)
             self.runtime.gather_rows(weight, ids, out)
             return out
+        if packet in (aten.mul, aten.mul_) and _is_number(args[1]):
+            return self._scaled(func, args, kwargs)
         if func.is_view or packet in _MAYBE_COPIES:
             out = func(*args, **kwargs)
             if packet in _MAYBE_COPIES and not _aliases(out, args[0]):
                 return self._copied(args[0], out)
             return out
         raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
-                            f"native calls, views, copies and embedding lookups only)")
+                            f"native calls, views, copies, embedding lookups and scales by a "
+                            f"number only)")
 
     def _converted(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out = src.to(...)``: a view, a copy, or a stage output's float32 conversion."""
@@ -232,6 +237,23 @@ class _RecordingMode(TorchDispatchMode):
         self.recording.conversions[out.data_ptr()] = src  # nothing recorded: see finish_stage
         return out
 
+    def _scaled(self, func: Any, args: Any, kwargs: Any) -> torch.Tensor:
+        """``src * number`` (or ``src.mul_(number)``): recorded as ``scale_rows``."""
+        src, factor = args[0], args[1]
+        out: torch.Tensor = func(*args, **kwargs)
+        if (out.dtype != src.dtype or out.shape != src.shape or src.dim() == 0
+                or self.recording.buffer_of(src.data_ptr()) is None):
+            raise NotCapturable(f"the forward pass multiplies {tuple(src.shape)} {src.dtype} "
+                                f"by {factor!r} (a graph scales only float rows of its own "
+                                f"buffers by a number, keeping their dtype)")
+        if out is not src:
+            self.recording.allocated(out)
+        try:
+            self.runtime.scale_rows(src, float(factor), out)
+        except ValueError as exc:
+            raise NotCapturable(f"a scale of {tuple(src.shape)} {src.dtype} ({exc})") from None
+        return out
+
     def _copied(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         self.recording.allocated(out)
         try:
@@ -240,6 +262,10 @@ class _RecordingMode(TorchDispatchMode):
             raise NotCapturable(f"a copy of {tuple(src.shape)} with strides {src.stride()} "
                                 f"({exc})") from None
         return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _aliases(out: torch.Tensor, src: torch.Tensor) -> bool:
