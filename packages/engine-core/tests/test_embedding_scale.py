@@ -4,8 +4,8 @@ Gemma multiplies its embeddings by ``sqrt(hidden_size)`` rounded to the model dt
 (transformers: ``embeds * torch.tensor(normalizer, dtype=embeds.dtype)``). The layer does
 the same after its lookup, bit for bit, in float32, bfloat16 and float16; the table (and so
 a tied LM head) stays as stored. The CPU step graph records the product (``scale_rows``)
-and its replay gives the eager rows for any token count; a product it cannot replay (by a
-tensor, or of memory that is not the pass's own) is still refused naming the op. A scale
+and its replay gives the eager rows for any token count; any other product (by a tensor,
+or of anything but a lookup's rows) is still refused naming the op. A scale
 that is not a finite number is refused when the layer is built; a quantized table scales
 what its method looks up.
 """
@@ -13,6 +13,7 @@ what its method looks up.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +21,14 @@ import torch
 import torch.nn.functional as F
 
 from engine.core.model_executor.layers.embedding import QuantizedVocabEmbedding, VocabEmbedding
+from engine.core.model_executor.models.llama import LlamaForCausalLM
 from engine.core.native.graph import KernelGraph, NotCapturable, record
 from engine.core.native.runtime import graph_runtime
+from engine.kernels.cpu.native import native_kernels
+from engine.sdk.groups import MODELS
+from engine.sdk.model import ModelContext
 from engine.sdk.quantization import LayerInfo, QuantizeMethod
+from engine.testing.test_plugins import entry_installer
 
 RUNTIME = graph_runtime()
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -85,10 +91,12 @@ def test_products_a_graph_cannot_replay_are_refused_naming_the_op() -> None:
     def of_the_weights(rows: int) -> torch.Tensor:
         return F.embedding(ids[:rows], weight * 2.0)
 
-    with pytest.raises(NotCapturable, match=r"runs the torch op aten\.mul"):
-        record(RUNTIME, by_tensor, 4, [weight, ids, factors])
-    with pytest.raises(NotCapturable, match=r"multiplies \(8, 4\) torch.float32 by 2.0"):
-        record(RUNTIME, of_the_weights, 4, [weight, ids])
+    def of_other_rows(rows: int) -> torch.Tensor:
+        return F.embedding(ids[:rows], weight)[:, 1:] * 2.0  # a view: not the lookup
+
+    for forward in (by_tensor, of_the_weights, of_other_rows):
+        with pytest.raises(NotCapturable, match=r"runs the torch op aten\.mul"):
+            record(RUNTIME, forward, 4, [weight, ids, factors])
 
 
 @pytest.mark.parametrize("scale", [math.inf, math.nan, "8", True])
@@ -123,3 +131,43 @@ def test_a_quantized_table_scales_what_its_method_looks_up() -> None:
     assert layer.scale == 55.5
     assert torch.equal(layer(ids), expected)
     assert torch.equal(layer.weight, rows.bfloat16())  # stored unscaled
+
+
+class ScaledEmbeddingLlama(LlamaForCausalLM):
+    """A plugin's Llama whose embedding multiplies its rows by 3 (``scale=3.0``)."""
+
+    def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
+        super().__init__(ctx, prefix)
+        assert ctx.layers is not None
+        config = ctx.hf_config
+        self.embed_tokens = ctx.layers.embedding("model.embed_tokens", config.vocab_size,
+                                                 config.hidden_size, scale=3.0)
+
+
+def _tokens(path: Path, **options: Any) -> tuple[list[list[int]], Any]:
+    from engine.core import LLM, SamplingParams
+
+    prompts = [[5 + i for i in range(n)] for n in (3, 40, 17, 1)]
+    greedy = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    with LLM(str(path), dtype="float32", num_kv_blocks=64, in_process=True,
+             max_num_batched_tokens=64, **options) as llm:
+        outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy,
+                               use_tqdm=False)
+        graph = llm.llm_engine.core.worker.model_runner.step_graph
+        return [list(o.outputs[0].token_ids) for o in outputs], graph
+
+
+def test_a_model_whose_embedding_scales_is_recorded_with_the_eager_tokens(
+        monkeypatch: pytest.MonkeyPatch, tiny_llama: Path) -> None:
+    native = native_kernels()
+    if RUNTIME is None or native is None or torch.float32 not in native.packed_matmul_dtypes:
+        pytest.skip("no step graph for the tiny Llama here (the packed float32 product is "
+                    "built for AVX-512 CPUs only)")
+    unscaled, _ = _tokens(tiny_llama, enforce_eager=True)
+    entry_installer(monkeypatch, "acme-plugins", "0.1.0")(MODELS, "LlamaForCausalLM",
+                                                          ScaledEmbeddingLlama)
+    eager, _ = _tokens(tiny_llama, enforce_eager=True)
+    recorded, graph = _tokens(tiny_llama)
+    assert graph is not None
+    assert graph.graph.names[:2] == ["gather_rows", "scale_rows"]
+    assert recorded == eager != unscaled

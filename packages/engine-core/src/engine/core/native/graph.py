@@ -15,9 +15,10 @@ What makes a recording sound:
 * Only graph functions run (C functions with the graph's ABI, ``graph_call.h``: each
   recorded with its address and arguments; graph.cpp names none); torch ops may only make views,
   allocate, copy (a ``clone``, ``copy_`` or copying ``reshape``/``contiguous``, recorded as
-  ``copy_rows``), look up an embedding (``gather_rows``) or multiply a float tensor of the
-  pass by a Python number (``scale_rows``, an embedding's output scale). Anything else
-  that computes
+  ``copy_rows``) or look up an embedding (``gather_rows``), its rows then perhaps
+  multiplied by a Python number (``scale_rows``: an embedding's output scale, Gemma's
+  ``sqrt(hidden_size)``; only the rows of a lookup, so that any other product stays
+  refused). Anything else that computes
   (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
   with the op's name, and the caller runs the model eagerly.
 * The pass is recorded at several token counts (``record_at``): the calls must be the same
@@ -103,6 +104,8 @@ class _Recording:
     stage_ends: list[int] = field(default_factory=list)
     #: Float32 conversions of the pass's rows, by the address of the result: their source.
     conversions: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: The embedding lookups' outputs (their addresses): rows a number may scale.
+    lookups: set[int] = field(default_factory=set)
 
     def finish_stage(self, out: torch.Tensor) -> None:
         """``out`` is the output of the calls recorded so far (or their float32 conversion).
@@ -212,8 +215,10 @@ class _RecordingMode(TorchDispatchMode):
                                     f"(a graph looks up 1-D int64 ids)")
             self.recording.allocated(out)
             self.runtime.gather_rows(weight, ids, out)
+            self.recording.lookups.add(out.data_ptr())
             return out
-        if packet in (aten.mul, aten.mul_) and _is_number(args[1]):
+        if (packet in (aten.mul, aten.mul_) and _is_number(args[1])
+                and args[0].data_ptr() in self.recording.lookups):
             return self._scaled(func, args, kwargs)
         if func.is_view or packet in _MAYBE_COPIES:
             out = func(*args, **kwargs)
@@ -221,8 +226,8 @@ class _RecordingMode(TorchDispatchMode):
                 return self._copied(args[0], out)
             return out
         raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
-                            f"native calls, views, copies, embedding lookups and scales by a "
-                            f"number only)")
+                            f"native calls, views, copies and embedding lookups (scaled by a "
+                            f"number or not) only)")
 
     def _converted(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out = src.to(...)``: a view, a copy, or a stage output's float32 conversion."""
@@ -238,14 +243,13 @@ class _RecordingMode(TorchDispatchMode):
         return out
 
     def _scaled(self, func: Any, args: Any, kwargs: Any) -> torch.Tensor:
-        """``src * number`` (or ``src.mul_(number)``): recorded as ``scale_rows``."""
+        """``lookup * number`` (or ``lookup.mul_(number)``): recorded as ``scale_rows``."""
         src, factor = args[0], args[1]
         out: torch.Tensor = func(*args, **kwargs)
-        if (out.dtype != src.dtype or out.shape != src.shape or src.dim() == 0
-                or self.recording.buffer_of(src.data_ptr()) is None):
-            raise NotCapturable(f"the forward pass multiplies {tuple(src.shape)} {src.dtype} "
-                                f"by {factor!r} (a graph scales only float rows of its own "
-                                f"buffers by a number, keeping their dtype)")
+        if out.dtype != src.dtype or out.shape != src.shape or src.dim() == 0:
+            raise NotCapturable(f"the forward pass multiplies an embedding lookup "
+                                f"{tuple(src.shape)} {src.dtype} by {factor!r} (a graph scales "
+                                f"float rows by a number keeping their dtype)")
         if out is not src:
             self.recording.allocated(out)
         try:

@@ -5,9 +5,8 @@ native code is: the interpreter calls function addresses (``engine.sdk.graph_cal
 names no kernel, so a graph records any kernel's calls, engine-kernels' or a plugin's, and
 the runtime needs none of them. Its own calls are the row copies (``copy_rows``: a
 ``clone``, ``copy_`` or copying ``reshape`` in the pass) and the embedding's row gather
-(``gather_rows``) and a scale of rows by a number (``scale_rows``: the product of a
-float tensor of the pass and a Python number, such as an embedding's output scale), graph
-functions themselves: run eagerly, or recorded.
+(``gather_rows``) and a scale of rows by a number (``scale_rows``: a lookup's rows times
+the embedding's output scale), graph functions themselves: run eagerly, or recorded.
 """
 
 from __future__ import annotations
