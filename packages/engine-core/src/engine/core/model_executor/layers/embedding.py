@@ -105,7 +105,7 @@ class VocabEmbedding(nn.Module):
         return out if self.scale is None else out.mul_(self.scale)  # a fresh lookup
 
     def capture_support(self, ctx: CaptureContext) -> Support:
-        """Yes on one rank: a lookup (the CPU step graph records it as a row gather)."""
+        """Yes on one rank: a lookup (the CPU step graph records a row gather and the scale)."""
         return tensor_parallel_refusal(self.tp)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
