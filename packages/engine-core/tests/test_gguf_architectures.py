@@ -11,8 +11,8 @@ q/k rows, Gemma's ``1 + w`` norms, the converter's metadata keys). Then:
   checkpoint; on a Q8_0 file, dequantized and with ``--quantization gguf`` (the
   matrices kept as Q8_0 blocks; the experts dequantized at load), transformers' on the
   checkpoint with every matrix rounded through Q8_0 (``round_trip_checkpoint``);
-* Gemma 2/3 (whose engine models live elsewhere): config, names and values only (the
-  tensors also equal what transformers' own GGUF loader makes of the file);
+* Gemma 2/3: config, names and values only (the tensors also equal what transformers' own
+  GGUF loader makes of the file); served end to end in ``test_gguf_gemma``;
 * what cannot load fails with a reason.
 """
 

@@ -303,7 +303,8 @@ class LayerFactory(Protocol):
         .. versionadded:: 1.1
         """
 
-    def embedding(self, prefix: str, vocab_size: int, hidden_size: int) -> EmbeddingLayer:
+    def embedding(self, prefix: str, vocab_size: int, hidden_size: int, *,
+                  scale: float | None = None) -> EmbeddingLayer:
         """The token embedding table, split by vocabulary rows across the ranks.
 
         The quantization method is asked with ``kind="embedding"``; when it returns a
@@ -313,6 +314,13 @@ class LayerFactory(Protocol):
             prefix: The table's checkpoint name (``"model.embed_tokens"``).
             vocab_size: Rows of the whole table.
             hidden_size: Width of a row.
+            scale: Multiply every row looked up by this number, first rounded to the model
+                dtype (the product as torch computes a tensor of that dtype times a
+                0-dimensional tensor of that dtype holding it: Gemma's
+                ``embeds * sqrt(hidden_size)``). The table stays as stored, so an LM head
+                tied to it reads the unscaled rows. It works with a quantized table too
+                (the scale follows the method's lookup), and the engine's CPU step graph
+                records it. None: the rows as stored. Not a finite number: ``ValueError``.
 
         Returns:
             The layer (a ``torch.nn.Module``).

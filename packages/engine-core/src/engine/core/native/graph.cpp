@@ -1,5 +1,5 @@
-// The CPU step graph's interpreter (engine.core.native.graph), and the two calls a graph
-// makes of its own: row copies and the embedding's row gather. Built as a library of its
+// The CPU step graph's interpreter (engine.core.native.graph), and the calls a graph makes
+// of its own: row copies, the embedding's row gather and a scale of rows by a number. Built as a library of its
 // own (runtime.py), apart from the engine's kernels.
 //
 // A graph is the list of calls one forward pass of the model makes, recorded once with
@@ -25,6 +25,74 @@ constexpr int64_t kMaxArgs = 24;
 constexpr int64_t kOpWidth = 3 + kMaxArgs;
 
 using GraphFunction = int (*)(const int64_t* args, int64_t num_args, int max_threads);
+
+float from_bf16(uint16_t h) {
+  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+uint16_t to_bf16(float value) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>(bits >> 16 | 0x40);
+  bits += 0x7fffu + (bits >> 16 & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+float from_f16(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
+  uint32_t exponent = h >> 10 & 0x1fu, mantissa = h & 0x3ffu, bits;
+  if (exponent == 0x1f) {
+    bits = sign | 0x7f800000u | mantissa << 13;
+  } else if (exponent != 0) {
+    bits = sign | (exponent + 112) << 23 | mantissa << 13;
+  } else if (mantissa == 0) {
+    bits = sign;
+  } else {  // subnormal: normalise
+    exponent = 113;
+    while (!(mantissa & 0x400u)) { mantissa <<= 1; --exponent; }
+    bits = sign | exponent << 23 | (mantissa & 0x3ffu) << 13;
+  }
+  float value;
+  std::memcpy(&value, &bits, sizeof value);
+  return value;
+}
+
+uint16_t to_f16(float value) {  // round to nearest even, as torch does
+  uint32_t bits;
+  std::memcpy(&bits, &value, sizeof bits);
+  const uint16_t sign = static_cast<uint16_t>(bits >> 16 & 0x8000u);
+  const uint32_t magnitude = bits & 0x7fffffffu;
+  if (magnitude > 0x7f800000u) return static_cast<uint16_t>(sign | 0x7e00u);  // NaN
+  if (magnitude >= 0x477ff000u) return static_cast<uint16_t>(sign | 0x7c00u);  // to inf
+  if (magnitude < 0x38800000u) {  // a subnormal half (or zero)
+    const uint32_t shift = 126 - (magnitude >> 23);
+    if (shift > 24) return sign;
+    const uint32_t mantissa = (magnitude & 0x7fffffu) | 0x800000u;
+    uint32_t half = mantissa >> shift;
+    const uint32_t rest = mantissa & ((1u << shift) - 1), midway = 1u << (shift - 1);
+    if (rest > midway || (rest == midway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t rounded = magnitude - 0x38000000u;  // rebias the exponent (127 -> 15)
+  rounded += 0xfffu + (rounded >> 13 & 1u);
+  return static_cast<uint16_t>(sign | rounded >> 13);
+}
+
+template <typename T, float (*Load)(T), T (*Store)(float)>
+void scale(const char* s, int64_t src_row, char* d, int64_t dst_row, int64_t rows,
+           int64_t width, float factor) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const auto* in = reinterpret_cast<const T*>(s + r * src_row);
+    auto* out = reinterpret_cast<T*>(d + r * dst_row);
+    for (int64_t i = 0; i < width; ++i) out[i] = Store(Load(in[i]) * factor);
+  }
+}
+
+float load_f32(float v) { return v; }
+float store_f32(float v) { return v; }
 
 }  // namespace
 
@@ -58,6 +126,25 @@ int engine_gather_rows(const void* table, int64_t table_row, int64_t table_rows,
   return 0;
 }
 
+// dst = src * factor: rows of `width` elements (rows src_row / dst_row bytes apart) of
+// dtype 0 float32, 1 bfloat16, 2 float16; each element widened to float32, multiplied and
+// rounded once to the dtype (torch's product of such a tensor and a number). src may be
+// dst. Returns 3, having written nothing, for another dtype.
+int engine_scale_rows(const void* src, int64_t src_row, void* dst, int64_t dst_row,
+                      int64_t rows, int64_t width, int64_t dtype, float factor) {
+  const auto* s = static_cast<const char*>(src);
+  auto* d = static_cast<char*>(dst);
+  switch (dtype) {
+    case 0: scale<float, load_f32, store_f32>(s, src_row, d, dst_row, rows, width, factor);
+      return 0;
+    case 1: scale<uint16_t, from_bf16, to_bf16>(s, src_row, d, dst_row, rows, width, factor);
+      return 0;
+    case 2: scale<uint16_t, from_f16, to_f16>(s, src_row, d, dst_row, rows, width, factor);
+      return 0;
+    default: return 3;
+  }
+}
+
 // Runs num_ops ops (kOpWidth int64s each, see the top of this file) for `rows` tokens, each
 // told it may use max_threads threads. Returns 0, or (index of the failing op + 1) * 256 +
 // its status; the ops after it do not run.
@@ -89,4 +176,8 @@ ENGINE_GRAPH_ENTRY(copy_rows, 6) {
 ENGINE_GRAPH_ENTRY(gather_rows, 8) {
   return engine_gather_rows(x.p(0), x.a[1], x.a[2], x.ptr<const int64_t>(3), x.a[4], x.p(5),
                             x.a[6], x.a[7]);
+}
+
+ENGINE_GRAPH_ENTRY(scale_rows, 8) {
+  return engine_scale_rows(x.p(0), x.a[1], x.p(2), x.a[3], x.a[4], x.a[5], x.a[6], x.f(7));
 }

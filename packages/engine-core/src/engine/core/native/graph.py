@@ -15,7 +15,10 @@ What makes a recording sound:
 * Only graph functions run (C functions with the graph's ABI, ``graph_call.h``: each
   recorded with its address and arguments; graph.cpp names none); torch ops may only make views,
   allocate, copy (a ``clone``, ``copy_`` or copying ``reshape``/``contiguous``, recorded as
-  ``copy_rows``) or look up an embedding (``gather_rows``). Anything else that computes
+  ``copy_rows``) or look up an embedding (``gather_rows``), its rows then perhaps
+  multiplied by a Python number (``scale_rows``: an embedding's output scale, Gemma's
+  ``sqrt(hidden_size)``; only the rows of a lookup, so that any other product stays
+  refused). Anything else that computes
   (a plugin's torch code, an op's reference path) makes ``record`` raise ``NotCapturable``
   with the op's name, and the caller runs the model eagerly.
 * The pass is recorded at several token counts (``record_at``): the calls must be the same
@@ -101,6 +104,8 @@ class _Recording:
     stage_ends: list[int] = field(default_factory=list)
     #: Float32 conversions of the pass's rows, by the address of the result: their source.
     conversions: dict[int, torch.Tensor] = field(default_factory=dict)
+    #: The embedding lookups' outputs (their addresses): rows a number may scale.
+    lookups: set[int] = field(default_factory=set)
 
     def finish_stage(self, out: torch.Tensor) -> None:
         """``out`` is the output of the calls recorded so far (or their float32 conversion).
@@ -210,14 +215,19 @@ class _RecordingMode(TorchDispatchMode):
                                     f"(a graph looks up 1-D int64 ids)")
             self.recording.allocated(out)
             self.runtime.gather_rows(weight, ids, out)
+            self.recording.lookups.add(out.data_ptr())
             return out
+        if (packet in (aten.mul, aten.mul_) and _is_number(args[1])
+                and args[0].data_ptr() in self.recording.lookups):
+            return self._scaled(func, args, kwargs)
         if func.is_view or packet in _MAYBE_COPIES:
             out = func(*args, **kwargs)
             if packet in _MAYBE_COPIES and not _aliases(out, args[0]):
                 return self._copied(args[0], out)
             return out
         raise NotCapturable(f"the forward pass runs the torch op {func} (a graph records "
-                            f"native calls, views, copies and embedding lookups only)")
+                            f"native calls, views, copies and embedding lookups (scaled by a "
+                            f"number or not) only)")
 
     def _converted(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """``out = src.to(...)``: a view, a copy, or a stage output's float32 conversion."""
@@ -232,6 +242,22 @@ class _RecordingMode(TorchDispatchMode):
         self.recording.conversions[out.data_ptr()] = src  # nothing recorded: see finish_stage
         return out
 
+    def _scaled(self, func: Any, args: Any, kwargs: Any) -> torch.Tensor:
+        """``lookup * number`` (or ``lookup.mul_(number)``): recorded as ``scale_rows``."""
+        src, factor = args[0], args[1]
+        out: torch.Tensor = func(*args, **kwargs)
+        if out.dtype != src.dtype or out.shape != src.shape or src.dim() == 0:
+            raise NotCapturable(f"the forward pass multiplies an embedding lookup "
+                                f"{tuple(src.shape)} {src.dtype} by {factor!r} (a graph scales "
+                                f"float rows by a number keeping their dtype)")
+        if out is not src:
+            self.recording.allocated(out)
+        try:
+            self.runtime.scale_rows(src, float(factor), out)
+        except ValueError as exc:
+            raise NotCapturable(f"a scale of {tuple(src.shape)} {src.dtype} ({exc})") from None
+        return out
+
     def _copied(self, src: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         self.recording.allocated(out)
         try:
@@ -240,6 +266,10 @@ class _RecordingMode(TorchDispatchMode):
             raise NotCapturable(f"a copy of {tuple(src.shape)} with strides {src.stride()} "
                                 f"({exc})") from None
         return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _aliases(out: torch.Tensor, src: torch.Tensor) -> bool:

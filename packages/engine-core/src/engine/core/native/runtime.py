@@ -1,11 +1,12 @@
-"""The CPU step graph's runtime: its interpreter and the two calls a graph makes of its own.
+"""The CPU step graph's runtime: its interpreter and the calls a graph makes of its own.
 
 ``graph.cpp`` is built on first use by the SDK's ``engine.sdk.native``, as any kernel's
 native code is: the interpreter calls function addresses (``engine.sdk.graph_calls``) and
 names no kernel, so a graph records any kernel's calls, engine-kernels' or a plugin's, and
 the runtime needs none of them. Its own calls are the row copies (``copy_rows``: a
 ``clone``, ``copy_`` or copying ``reshape`` in the pass) and the embedding's row gather
-(``gather_rows``), graph functions themselves: run eagerly, or recorded.
+(``gather_rows``) and a scale of rows by a number (``scale_rows``: a lookup's rows times
+the embedding's output scale), graph functions themselves: run eagerly, or recorded.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ GRAPH_OP_WIDTH = 3 + GRAPH_MAX_ARGS
 _P, _I64, _I32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
 #: gather_rows' status for an id outside the table (graph.cpp).
 OUT_OF_TABLE = 2
+#: scale_rows' dtype codes (graph.cpp).
+SCALE_DTYPES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
 
 
 @functools.cache
@@ -55,6 +58,8 @@ class GraphRuntime:
         self._copy_call = GraphFunction.from_library(lib, "engine_graph_copy_rows", "copy_rows")
         self._gather_call = GraphFunction.from_library(lib, "engine_graph_gather_rows",
                                                        "gather_rows")
+        self._scale_call = GraphFunction.from_library(lib, "engine_graph_scale_rows",
+                                                      "scale_rows")
 
     def copy_rows(self, src: torch.Tensor, out: torch.Tensor) -> None:
         """``out`` = ``src``: ``[rows, ...]`` views whose rows (``t[i]``) are contiguous."""
@@ -93,6 +98,26 @@ class GraphRuntime:
         if status == OUT_OF_TABLE:
             raise IndexError(f"gather_rows: an id is outside the table (0..{table.shape[0] - 1})")
         _check_status("gather_rows", status)
+
+    def scale_rows(self, src: torch.Tensor, factor: float, out: torch.Tensor) -> None:
+        """``out`` = ``src * factor`` as torch computes it (``src`` may be ``out``).
+
+        Each element is widened to float32, multiplied by ``factor`` as a float32 and
+        rounded once to the dtype. ``src`` and ``out``: ``[rows, ...]`` CPU views of one
+        shape and dtype (float32, bfloat16 or float16) whose rows are contiguous.
+        """
+        if (src.shape != out.shape or src.dtype != out.dtype or src.dim() == 0
+                or src.dtype not in SCALE_DTYPES or not (
+                    src.is_cpu and out.is_cpu and src[0].is_contiguous()
+                    and out[0].is_contiguous())):
+            raise ValueError(f"scale_rows: expected two CPU views of one shape and dtype "
+                             f"({', '.join(str(d) for d in SCALE_DTYPES)}) with contiguous "
+                             f"rows, got {tuple(src.shape)} {src.dtype} and "
+                             f"{tuple(out.shape)} {out.dtype}")
+        size = src.element_size()
+        _check_status("scale_rows", self._scale_call(
+            src, src.stride(0) * size, out, out.stride(0) * size, src.shape[0],
+            src[0].numel(), SCALE_DTYPES[src.dtype], float(factor)))
 
     def run_graph(self, ops: torch.Tensor, rows: int) -> int:
         """Run a recorded step graph (``engine.core.native.graph``) for ``rows`` tokens.

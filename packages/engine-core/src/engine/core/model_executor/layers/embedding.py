@@ -8,9 +8,17 @@ summed, so every rank ends with the full embeddings.
 A quantization method that handles ``kind="embedding"`` gets a
 :class:`QuantizedVocabEmbedding` instead: its parameters (rows first) come from the
 method, and the lookup is the method's ``apply`` on this rank's local ids.
+
+Either may scale what it looks up by a number (``scale``, Gemma's ``sqrt(hidden_size)``),
+rounded to the model dtype first and multiplied as torch multiplies a tensor of that dtype
+by it (transformers' ``embeds * normalizer``, the normaliser a tensor of the model dtype).
+The table itself stays unscaled, so a tied LM head reading ``weight`` reads it as stored.
+The CPU step graph records the product (``scale_rows``) after the lookup.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -43,6 +51,21 @@ def load_vocab_rows(target: torch.Tensor, tensor: torch.Tensor, rows: Slice, voc
     target[held:].zero_()
 
 
+def output_scale(scale: float | None, dtype: torch.dtype, prefix: str) -> float | None:
+    """``scale`` rounded to ``dtype`` (as a tensor of that dtype holds it), or None.
+
+    Raises:
+        ValueError: ``scale`` is not a finite number.
+    """
+    if scale is None:
+        return None
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not math.isfinite(
+            scale):
+        raise ValueError(f"{prefix}: the embedding's scale must be a finite number or None, "
+                         f"got {scale!r}")
+    return float(torch.tensor(float(scale), dtype=dtype).item())
+
+
 class VocabEmbedding(nn.Module):
     """An embedding table ``[vocab_size, hidden_size]`` (this rank's rows of it).
 
@@ -52,31 +75,37 @@ class VocabEmbedding(nn.Module):
         dtype: Parameter dtype.
         prefix: Checkpoint name of the layer.
         tp: The tensor-parallel group the rows are split across.
+        scale: Multiply each row looked up by this number, rounded to ``dtype`` (module
+            docstring); None: rows as stored.
     """
 
     weight: torch.Tensor
 
     def __init__(self, vocab_size: int, hidden_size: int, dtype: torch.dtype, prefix: str,
-                 tp: TensorParallelGroup = SINGLE) -> None:
+                 tp: TensorParallelGroup = SINGLE, scale: float | None = None) -> None:
         super().__init__()
         self.prefix = prefix
         self.vocab_size = vocab_size
         self.tp = tp
+        #: The output scale rounded to the model dtype, or None.
+        self.scale = output_scale(scale, dtype, prefix)
         self.rows = vocab_slice(vocab_size, tp.rank, tp.size)
         self.weight = nn.Parameter(torch.zeros(self.rows.size, hidden_size, dtype=dtype),
                                    requires_grad=False)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.tp.is_parallel:
-            return F.embedding(input_ids, self.weight)
-        start = self.rows.start
-        held = (input_ids >= start) & (input_ids < start + self.rows.size)
-        out = F.embedding(torch.where(held, input_ids - start, 0), self.weight)
-        out.masked_fill_(~held.unsqueeze(-1), 0)
-        return all_reduce(out, self.tp)
+            out = F.embedding(input_ids, self.weight)
+        else:
+            start = self.rows.start
+            held = (input_ids >= start) & (input_ids < start + self.rows.size)
+            out = F.embedding(torch.where(held, input_ids - start, 0), self.weight)
+            out.masked_fill_(~held.unsqueeze(-1), 0)
+            out = all_reduce(out, self.tp)
+        return out if self.scale is None else out.mul_(self.scale)  # a fresh lookup
 
     def capture_support(self, ctx: CaptureContext) -> Support:
-        """Yes on one rank: a lookup (the CPU step graph records it as a row gather)."""
+        """Yes on one rank: a lookup (the CPU step graph records a row gather and the scale)."""
         return tensor_parallel_refusal(self.tp)
 
     def load_weight(self, param_name: str, tensor: torch.Tensor, shard: int | None) -> None:
@@ -100,30 +129,37 @@ class QuantizedVocabEmbedding(nn.Module):
         quant_method: Registers the parameters (dimension 0: this rank's rows, unless a
             parameter has a ``weight_loader``) and looks ids up (``apply(layer, ids)``).
         tp: The tensor-parallel group the rows are split across.
+        scale: Multiply each row looked up by this number, rounded to the model dtype
+            (``info.params_dtype``; module docstring); None: rows as the method gives them.
     """
 
     #: Registered by the quantize method (the built-in ``gguf`` names its table so).
     weight: torch.Tensor
 
     def __init__(self, info: LayerInfo, quant_method: QuantizeMethod,
-                 tp: TensorParallelGroup = SINGLE) -> None:
+                 tp: TensorParallelGroup = SINGLE, scale: float | None = None) -> None:
         super().__init__()
         self.info = info
         self.prefix = info.prefix
         self.vocab_size = info.input_size
         self.tp = tp
+        #: The output scale rounded to the model dtype, or None.
+        self.scale = output_scale(scale, getattr(torch, info.params_dtype), info.prefix)
         self.rows = vocab_slice(info.input_size, tp.rank, tp.size)
         self.quant_method = quant_method
         quant_method.create_weights(self, info)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if not self.tp.is_parallel:
-            return self.quant_method.apply(self, input_ids)
-        start = self.rows.start
-        held = (input_ids >= start) & (input_ids < start + self.rows.size)
-        out = self.quant_method.apply(self, torch.where(held, input_ids - start, 0))
-        out.masked_fill_(~held.unsqueeze(-1), 0)
-        return all_reduce(out, self.tp)
+            out = self.quant_method.apply(self, input_ids)
+        else:
+            start = self.rows.start
+            held = (input_ids >= start) & (input_ids < start + self.rows.size)
+            out = self.quant_method.apply(self, torch.where(held, input_ids - start, 0))
+            out.masked_fill_(~held.unsqueeze(-1), 0)
+            out = all_reduce(out, self.tp)
+        # Not in place: a method's lookup may return a view of what it keeps.
+        return out if self.scale is None else out * self.scale
 
     def capture_support(self, ctx: CaptureContext) -> Support:
         """Yes on one rank (the engine asks the quantize method too)."""

@@ -204,13 +204,14 @@ class LayerFactory:
         heads = head_slice(features // head_size, self.tp_rank, self.tp_size)
         return Slice(heads.start * head_size, heads.size * head_size)
 
-    def embedding(self, prefix: str, vocab_size: int,
-                  hidden_size: int) -> VocabEmbedding | QuantizedVocabEmbedding:
+    def embedding(self, prefix: str, vocab_size: int, hidden_size: int, *,
+                  scale: float | None = None) -> VocabEmbedding | QuantizedVocabEmbedding:
         """The token embedding table (split by vocabulary rows across the ranks).
 
         The quantization method is asked with ``kind="embedding"``; when it returns a
         method, the table is a :class:`QuantizedVocabEmbedding` whose storage and lookup
-        are the method's.
+        are the method's. ``scale``: each row looked up is multiplied by it, rounded to the
+        model dtype (the table, and a tied head's weight, stay unscaled).
         """
         if self.quant_config is not None:
             rows = vocab_slice(vocab_size, self.tp_rank, self.tp_size).size
@@ -222,8 +223,8 @@ class LayerFactory:
             )
             method = self.quant_config.get_quant_method(info, prefix)
             if method is not None:
-                return QuantizedVocabEmbedding(info, method, self.tp)
-        return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix, self.tp)
+                return QuantizedVocabEmbedding(info, method, self.tp, scale=scale)
+        return VocabEmbedding(vocab_size, hidden_size, self.dtype, prefix, self.tp, scale=scale)
 
     def attention(
         self, prefix: str, *, num_heads: int, num_kv_heads: int, head_size: int, scale: float,

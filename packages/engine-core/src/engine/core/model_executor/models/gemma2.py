@@ -16,13 +16,10 @@ whose weight loading and fused q/k/v, gate/up layers it reuses):
 
   with the residual adds fused into ``input_layernorm`` and ``pre_feedforward_layernorm``;
 * the embeddings scaled by ``hidden_size ** 0.5`` rounded to the model dtype (as
-  transformers casts the normaliser). A step graph records no elementwise product, so the
-  table is scaled once, when loaded: the lookup of a scaled row is the product
-  transformers computes, bit for bit. The LM head is tied to that table, so the final
-  norm's weight is divided by the same scale at load (the head then computes
-  ``(y / s) (s W)^T = y W^T``, equal up to rounding): ``forward`` returns the final hidden
-  states divided by the scale, which only ``compute_logits`` reads. An untied head keeps
-  its own weight and the final norm its own;
+  transformers casts the normaliser): ``layers.embedding(..., scale=...)``, the layer's
+  own output scale (the CPU step graph records it), so the table stays as stored: a
+  quantized one (llama.cpp's GGUF files quantize ``token_embd``) as well, and the tied LM
+  head reads the unscaled rows, as transformers' does;
 * the MLP ``down(gelu_tanh(gate(x)) * up(x))`` (``hidden_activation``
   ``gelu_pytorch_tanh``; ``gelu`` is the exact one) through ``layers.gelu_and_mul``;
 * attention scaled by ``query_pre_attn_scalar ** -0.5``, ``head_dim`` from the config;
@@ -35,9 +32,8 @@ whose weight loading and fused q/k/v, gate/up layers it reuses):
   elementwise, so each tensor-parallel rank may cap its own shard).
 
 Refused when built: ``use_bidirectional_attention`` (the encoder variants) and a hidden
-activation other than the two GELUs; when loaded, an embedding table that is not floating
-point (it could not be scaled). A loader that hands over norm weights already holding the
-``+ 1`` (llama.cpp's GGUF files) must subtract it first. The model's own modules all
+activation other than the two GELUs. A loader that hands over norm weights already holding
+the ``+ 1`` (llama.cpp's GGUF files) must subtract it first. The model's own modules all
 declare themselves capturable; where the ``gelu_and_mul`` op chosen has no native CPU
 kernel (the built-in one is torch ops), the CPU step graph says so and the pass runs
 eagerly.
@@ -210,7 +206,8 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
                              f"(ModelContext.layers), got None")
         self.config = config
         self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
-                                             config.hidden_size)
+                                             config.hidden_size,
+                                             scale=config.hidden_size ** 0.5)
         self.layers = nn.ModuleList(
             self.gemma_layer_cls(config, layers, f"model.layers.{i}", layer_type)
             for i, layer_type in enumerate(self.layer_types(config))
@@ -240,24 +237,12 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
         return torch.tanh(logits / cap) * cap
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Llama's loader on Gemma's tensors: norms as ``1 + weight``, the table scaled."""
+        """Llama's loader on Gemma's tensors: the norms' weights as ``1 + weight``."""
         return super().load_weights(self._gemma_tensors(weights))
 
     def _gemma_tensors(self, weights: Iterable[tuple[str, torch.Tensor]]
                        ) -> Iterator[tuple[str, torch.Tensor]]:
-        dtype = self.norm.weight.dtype
-        # transformers casts the normaliser to the model dtype (sqrt(3072) -> 55.5 in bf16).
-        scale = torch.tensor(self.config.hidden_size ** 0.5, dtype=dtype)
         for name, tensor in weights:
-            if name == "model.embed_tokens.weight":
-                if not tensor.is_floating_point():
-                    raise ValueError(f"{type(self).__name__}: the embedding table "
-                                     f"{name!r} is {tensor.dtype}; Gemma scales it by "
-                                     f"sqrt(hidden_size) when loaded, which needs a "
-                                     f"floating-point table")
-                tensor = tensor.to(dtype) * scale
-            elif name.endswith("norm.weight"):
+            if name.endswith("norm.weight"):
                 tensor = tensor.float() + 1.0
-                if name == "model.norm.weight" and self.tie_word_embeddings:
-                    tensor = tensor / scale.float()  # the tied head reads the scaled table
             yield name, tensor

@@ -1,8 +1,8 @@
 """Gemma 3, text only (transformers' ``Gemma3ForCausalLM``, model type ``gemma3_text``).
 
 Gemma 2's decoder (:mod:`engine.core.model_executor.models.gemma2`: ``1 + weight`` norms
-loaded as such, four norms per layer, the embedding table scaled by ``sqrt(hidden_size)``
-when loaded, tied head, tanh-GELU MLP, ``query_pre_attn_scalar``, per-layer sliding window,
+loaded as such, four norms per layer, the embeddings scaled by ``sqrt(hidden_size)`` by
+the embedding layer, tied head, tanh-GELU MLP, ``query_pre_attn_scalar``, per-layer sliding window,
 ``final_logit_softcapping`` when set), and what Gemma 3 changes:
 
 * per-head RMSNorms of q and k (``q_norm``, ``k_norm``, ``[head_dim]``, ``1 + weight``
