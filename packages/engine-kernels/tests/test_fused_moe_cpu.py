@@ -4,9 +4,11 @@ Each case builds the op with the ``cpu`` dispatch key (the kernel) and runs the 
 reference ``FusedMoEOp.forward_native`` on the same weights and inputs: random shapes
 (intermediate and hidden sizes that are not whole panels), top_k 1 to E, renormalize on
 and off, 1 to 300 tokens, float32 and bfloat16. float32 agrees to the products' sum order;
-bfloat16 to a rounding of the expert outputs. Routing ties (equal logits) go as
-``torch.topk`` sends them. The call must not change its inputs, and it is what a step
-graph records: one ``fused_moe`` call, nothing read back.
+bfloat16 to a rounding of the expert outputs. GPT-OSS's options too: the clamped SwiGLU
+(a small limit, so that both clamps bite) and the experts' biases, each alone and both.
+Routing ties (equal logits) go as ``torch.topk`` sends them. The call must not change its
+inputs, and it is what a step graph records: one ``fused_moe`` call, nothing read back
+(with the options as with none); an option it does not implement runs the reference.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.kernels.cpu.moe import PANEL_NAMES, CpuFusedMoE
+from engine.kernels.cpu.moe import IMPLEMENTED, PANEL_NAMES, CpuFusedMoE
 from engine.kernels.cpu.native import native_kernels
 from engine.kernels.ops import FusedMoE
 from engine.sdk.capture import CaptureContext, GraphKind
@@ -28,15 +30,23 @@ PACKED = [] if KERNELS is None else sorted(KERNELS.packed_matmul_dtypes, key=str
 # (experts, top_k, hidden, intermediate)
 SHAPES = [(8, 2, 64, 48), (4, 1, 40, 70), (16, 2, 96, 32), (3, 3, 34, 18), (6, 4, 128, 100)]
 TOKENS = [1, 3, 17, 300]
+# GPT-OSS's options: the clamped SwiGLU (limit 1: gate and up, about N(0, 1) here, reach
+# it), the experts' biases, both.
+OPTIONS = [{"activation": "swigluoai", "swiglu_limit": 1.0}, {"bias": True},
+           {"activation": "swigluoai", "swiglu_alpha": 1.702, "swiglu_limit": 1.0,
+            "bias": True}]
 
 
 def _op(experts: int, top_k: int, hidden: int, size: int, dtype: torch.dtype,
-        renormalize: bool, seed: int) -> CpuFusedMoE:
+        renormalize: bool, seed: int, **options: object) -> CpuFusedMoE:
     gen = torch.Generator().manual_seed(seed)
     op = FusedMoE(experts, top_k, hidden, size, renormalize=renormalize, dtype=dtype,
-                  dispatch_key="cpu")
+                  dispatch_key="cpu", **options)
     op.w13.copy_((torch.randn(op.w13.shape, generator=gen) * hidden ** -0.5).to(dtype))
     op.w2.copy_((torch.randn(op.w2.shape, generator=gen) * size ** -0.5).to(dtype))
+    for bias in (op.w13_bias, op.w2_bias):
+        if bias is not None:
+            bias.copy_((torch.randn(bias.shape, generator=gen) * 0.5).to(dtype))
     op.process_weights_after_loading()
     return op
 
@@ -73,6 +83,31 @@ def test_it_matches_the_reference(dtype: torch.dtype, shape: tuple[int, int, int
 
 
 @pytest.mark.parametrize("dtype", PACKED)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("options", OPTIONS, ids=["swigluoai", "bias", "swigluoai-bias"])
+def test_gpt_oss_options_match_the_reference(dtype: torch.dtype,
+                                             shape: tuple[int, int, int, int], tokens: int,
+                                             options: dict[str, object]) -> None:
+    experts, _, hidden, _ = shape
+    op = _op(*shape, dtype, True, seed=tokens, **options)
+    assert op.extra_options() and op.panels() is not None  # the kernel, not the reference
+    gen = torch.Generator().manual_seed(tokens + 1)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    logits = torch.randn(tokens, experts, generator=gen) * 2
+    x_in, logits_in = x.clone(), logits.clone()
+    got = op(x, logits)
+    want = FusedMoEOp.forward_native(op, x, logits)
+    assert got.dtype == dtype and got.shape == (tokens, hidden)
+    torch.testing.assert_close(got, want, **_tolerance(dtype))
+    assert torch.equal(x, x_in) and torch.equal(logits, logits_in)
+    if op.activation == "swigluoai" and tokens == 300:  # the clamps took part
+        gate_up = torch.nn.functional.linear(x.float(), op.w13[0].float())
+        size = op.intermediate_size
+        assert (gate_up[:, :size] > 1).any() and (gate_up[:, size:].abs() > 1).any()
+
+
+@pytest.mark.parametrize("dtype", PACKED)
 def test_bfloat16_logits_and_strided_rows(dtype: torch.dtype) -> None:
     op = _op(8, 2, 64, 48, dtype, True, seed=3)
     gen = torch.Generator().manual_seed(4)
@@ -100,15 +135,16 @@ def test_ties_go_as_torch_topk_sends_them(dtype: torch.dtype, top_k: int) -> Non
 
 
 @pytest.mark.parametrize("tokens", [1, 40])
-def test_float32_weights_of_bfloat16_values(tokens: int) -> None:
+@pytest.mark.parametrize("options", [{}, OPTIONS[-1]], ids=["plain", "swigluoai-bias"])
+def test_float32_weights_of_bfloat16_values(tokens: int, options: dict[str, object]) -> None:
     """A bfloat16 checkpoint run in float32: on a build that widens (AVX2), the panels are
-    bfloat16, read back as float32, with the float32 products' results."""
+    bfloat16, read back as float32, with the float32 products' results (float32 biases)."""
     assert KERNELS is not None
     if torch.float32 not in KERNELS.packed_matmul_dtypes:
         pytest.skip("no packed float32 product in this build")
-    op = FusedMoE(6, 2, 64, 40, dtype=torch.float32, dispatch_key="cpu")
+    op = FusedMoE(6, 2, 64, 40, dtype=torch.float32, dispatch_key="cpu", **options)
     gen = torch.Generator().manual_seed(10)
-    for w in (op.w13, op.w2):
+    for w in op.parameters():
         w.copy_((torch.randn(w.shape, generator=gen) * 0.1).to(torch.bfloat16).float())
     op.process_weights_after_loading()
     panels = op.panels()
@@ -120,8 +156,10 @@ def test_float32_weights_of_bfloat16_values(tokens: int) -> None:
                                **_tolerance(torch.float32))
 
 
-def test_a_step_graph_records_one_call_with_nothing_read_back() -> None:
-    op = _op(8, 2, 64, 48, torch.float32, True, seed=7)
+@pytest.mark.parametrize("options", [{}, OPTIONS[-1]], ids=["plain", "swigluoai-bias"])
+def test_a_step_graph_records_one_call_with_nothing_read_back(options: dict[str, object]
+                                                               ) -> None:
+    op = _op(8, 2, 64, 48, torch.float32, True, seed=7, **options)
     assert op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH)).ok
     assert all(name in dict(op.named_buffers()) for name in PANEL_NAMES)
     assert PANEL_NAMES[0] not in op.state_dict()  # derived: not a checkpoint tensor
@@ -137,6 +175,9 @@ def test_a_step_graph_records_one_call_with_nothing_read_back() -> None:
     assert [name for name, _ in calls] == ["fused_moe"]
     args = calls[0][1]
     assert args[3] == 5 and isinstance(args[1], Pointer) and args[1].address == x.data_ptr()
+    addresses = {arg.address for arg in args if isinstance(arg, Pointer)}
+    biases = [b for b in (op.w13_bias, op.w2_bias) if b is not None]
+    assert all(b.data_ptr() in addresses for b in biases)
 
 
 def test_without_the_kernel_s_dtype_it_runs_the_reference() -> None:
@@ -147,20 +188,24 @@ def test_without_the_kernel_s_dtype_it_runs_the_reference() -> None:
     assert torch.equal(op(x, logits), FusedMoEOp.forward_native(op, x, logits))
 
 
-@pytest.mark.parametrize("options", [{"activation": "swigluoai"}, {"bias": True},
-                                     {"activation": "swigluoai", "bias": True}])
-def test_options_the_call_lacks_run_the_reference_unrecorded(options: dict[str, object]
-                                                              ) -> None:
-    """GPT-OSS's experts (clamped SwiGLU, biases): the reference, no panels, no graph."""
+class _FutureOption(CpuFusedMoE):
+    """An instance with an option the native call does not know (a later SDK's)."""
+
+    def extra_options(self) -> dict[str, object]:
+        return {**super().extra_options(), "future_option": True}
+
+
+def test_an_option_the_call_lacks_runs_the_reference_unrecorded() -> None:
     gen = torch.Generator().manual_seed(9)
-    op = FusedMoE(4, 2, 32, 16, dtype=torch.float32, dispatch_key="cpu", **options)
+    op = _FutureOption(4, 2, 32, 16, dtype=torch.float32, dispatch_key="cpu", bias=True)
     for param in op.parameters():
         param.data.copy_(torch.randn(param.shape, generator=gen) * 0.3)
     op.process_weights_after_loading()
+    assert "future_option" not in IMPLEMENTED and op.unimplemented() == ["future_option"]
     assert op.panels() is None and not any(name in dict(op.named_buffers())
                                            for name in PANEL_NAMES)
     answer = op.capture_support(CaptureContext(kind=GraphKind.CPU_STEP_GRAPH))
-    assert not answer.ok and "does not implement" in answer.reason
+    assert not answer.ok and "does not implement the experts' future_option" in answer.reason
     x, logits = torch.randn(3, 32), torch.randn(3, 4)
     assert torch.equal(op(x, logits), FusedMoEOp.forward_native(op, x, logits))
 
@@ -179,3 +224,11 @@ def test_the_library_refuses_what_it_would_misread() -> None:
     with pytest.raises(ValueError, match="top_k 5 for 4 experts"):
         KERNELS.fused_moe(torch.randn(3, 32), torch.randn(3, 4), 5, True, op.w13, op.w2,
                           panels, out)
+    with pytest.raises(ValueError, match="activation 'gelu' is not supported; supported: "
+                                         "silu, swigluoai"):
+        KERNELS.fused_moe(torch.randn(3, 32), torch.randn(3, 4), 2, True, op.w13, op.w2,
+                          panels, out, activation="gelu")
+    with pytest.raises(ValueError, match="w2_bias as a contiguous torch.float32 CPU tensor "
+                                         "of 128 elements"):
+        KERNELS.fused_moe(torch.randn(3, 32), torch.randn(3, 4), 2, True, op.w13, op.w2,
+                          panels, out, biases=(torch.zeros(4, 32), torch.zeros(4, 16)))

@@ -4,9 +4,12 @@ The SDK's reference (``FusedMoEOp.forward_native``) groups the tokens by expert 
 argsort, bincount read back to the host, then a Python loop with two products per active
 expert. Here ``forward_cpu`` is one call into the engine's CPU kernels
 (``native/fused_moe.cpp``): softmax, top-k (ties as ``torch.topk``) and renormalisation,
-the tokens grouped by expert, each active expert's gate/up product, SiLU-and-mul and down
-product over only its tokens (the ``cpu`` linear kernel's products, every expert's column
-chunks one OpenMP team's work), and the weighted sum in float32 in the reference's order.
+the tokens grouped by expert, each active expert's gate/up product, gated activation and
+down product over only its tokens (the ``cpu`` linear kernel's products, every expert's
+column chunks one OpenMP team's work), and the weighted sum in float32 in the reference's
+order. The contract's options are the call's too (``FusedMoEOp.extra_options``): GPT-OSS's
+clamped SwiGLU (``activation="swigluoai"`` with its alpha and limit) and the experts'
+biases (``bias=True``: each added in its product, before the rounding).
 The routing's sizes stay inside the call, so the CPU step graph records it as one call
 (``capture_support``): a MoE model's decode step replays in C like a dense one's.
 
@@ -17,9 +20,10 @@ the ``cpu`` linear kernel packs a dense layer's weight (float32 weights holding 
 bfloat16 values as bfloat16 on AVX2 builds), kept as non-persistent buffers so a graph may
 point at them. The dense ``w13``/``w2`` stay (the reference and 1-3-token products read
 them). Where the kernels cannot take a call (another dtype, no packed kernel for it on
-this CPU, autograd recording), it runs the reference; so does an instance with options
-the native call does not implement (``FusedMoEOp.extra_options``: GPT-OSS's clamped SwiGLU
-and expert biases), which then neither packs its weights nor is recorded.
+this CPU, autograd recording), it runs the reference; so does an instance with an option
+the native call does not implement (an ``extra_options`` key outside ``IMPLEMENTED``, an
+activation outside ``FUSED_MOE_ACTIVATIONS``), which then neither packs its weights nor
+is recorded.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import ClassVar
 import torch
 
 from engine.kernels.cpu.native import native_kernels
-from engine.kernels.cpu.native.library import NativeKernels
+from engine.kernels.cpu.native.library import FUSED_MOE_ACTIVATIONS, NativeKernels
 from engine.kernels.cpu.ops import _capture_support, _is_supported, _recording
 from engine.sdk.capture import CaptureContext
 from engine.sdk.ops import FusedMoEOp
@@ -39,6 +43,8 @@ from engine.sdk.support import Support
 #: The buffers ``process_weights_after_loading`` adds: the panels of the gate halves, the
 #: up halves and ``w2``, each ``[E, packed size]``.
 PANEL_NAMES = ("gate_panels", "up_panels", "down_panels")
+#: The ``FusedMoEOp.extra_options`` keys the native call implements.
+IMPLEMENTED = frozenset({"activation", "swiglu_alpha", "swiglu_limit", "bias"})
 
 
 class CpuFusedMoE(FusedMoEOp):
@@ -56,12 +62,25 @@ class CpuFusedMoE(FusedMoEOp):
         for name in PANEL_NAMES:
             self._buffers.pop(name, None)
         self._packed = True
-        if kernels is None or not self.w13.is_cpu or self.extra_options():
+        if kernels is None or not self.w13.is_cpu or self.unimplemented():
             return
         panels = _pack(kernels, self.w13.detach(), self.w2.detach(), self.intermediate_size)
         if panels is not None:
             for name, tensor in zip(PANEL_NAMES, panels, strict=True):
                 self.register_buffer(name, tensor, persistent=False)
+
+    def unimplemented(self) -> list[str]:
+        """The options this instance sets that the native call lacks (sorted; [] if none)."""
+        missing = set(self.extra_options()) - IMPLEMENTED
+        if self.activation not in FUSED_MOE_ACTIVATIONS:
+            missing.add(f"activation {self.activation!r}")
+        return sorted(missing)
+
+    def biases(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``(w13_bias, w2_bias)`` as the native call reads them, or None without biases."""
+        if self.w13_bias is None or self.w2_bias is None:
+            return None
+        return self.w13_bias.detach(), self.w2_bias.detach()
 
     def panels(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
         """The packed weights (None: not packable here; packed on first use)."""
@@ -77,22 +96,27 @@ class CpuFusedMoE(FusedMoEOp):
     def forward_cpu(self, hidden: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
         kernels = native_kernels()
         panels = None if kernels is None else self.panels()
+        biases = self.biases()
         if (kernels is None or panels is None or hidden.dim() != 2 or hidden.stride(1) != 1
                 or hidden.dtype != self.w13.dtype or router_logits.dim() != 2
                 or router_logits.stride(1) != 1
                 or router_logits.dtype not in (torch.float32, torch.bfloat16)
-                or _recording(hidden, router_logits, self.w13, self.w2)):
+                or _recording(hidden, router_logits, self.w13, self.w2, *(biases or ()))
+                or (biases is not None and not all(
+                    b.is_contiguous() and b.dtype == hidden.dtype for b in biases))):
             return self.forward_native(hidden, router_logits)
         out = hidden.new_empty(hidden.shape)
         if hidden.shape[0]:
             kernels.fused_moe(hidden, router_logits, self.top_k, self.renormalize, self.w13,
-                              self.w2, panels, out)
+                              self.w2, panels, out, activation=self.activation,
+                              swiglu_alpha=self.swiglu_alpha, swiglu_limit=self.swiglu_limit,
+                              biases=biases)
         return out
 
     def capture_support(self, ctx: CaptureContext) -> Support:
         """The CPU step graph where it runs its native call (its weights packed here)."""
         answer = _capture_support(self, ctx, CpuFusedMoE.forward_cpu, FusedMoEOp)
-        unsupported = ", ".join(sorted(self.extra_options()))
+        unsupported = ", ".join(self.unimplemented())
         if answer.ok and unsupported:
             return Support.no(f"its native call does not implement the experts' {unsupported} "
                               f"(it runs the reference, whose sizes come from the routing)")
@@ -134,4 +158,4 @@ def _stacked(parts: list[list[torch.Tensor | None]]
     return gate, up, down
 
 
-__all__ = ["PANEL_NAMES", "CpuFusedMoE"]
+__all__ = ["IMPLEMENTED", "PANEL_NAMES", "CpuFusedMoE"]

@@ -73,8 +73,10 @@ int64_t engine_fused_moe_workspace(int64_t tokens, int64_t top_k, int64_t E, int
                                    int64_t I, int64_t elem);
 int engine_fused_moe(int code, const void* hidden, int64_t h_row, int64_t tokens,
                      int logits_dtype, const void* logits, int64_t l_row, int64_t E,
-                     int64_t top_k, int renormalize, const void* w13, const void* gate_panels,
-                     const void* up_panels, const void* w2, const void* down_panels, int64_t H,
-                     int64_t I, void* out, int64_t out_row, void* workspace, int num_threads);
+                     int64_t top_k, int options, float swiglu_alpha, float swiglu_limit,
+                     const void* w13, const void* w13_bias, const void* gate_panels,
+                     const void* up_panels, const void* w2, const void* w2_bias,
+                     const void* down_panels, int64_t sizes, void* out, int64_t out_row,
+                     void* workspace, int num_threads);
 
 }  // extern "C"

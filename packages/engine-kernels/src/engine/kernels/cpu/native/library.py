@@ -53,6 +53,8 @@ SOURCES = {
 HEADERS = tuple(Path(__file__).with_name(name)
                 for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+#: ``NativeKernels.fused_moe``'s activations (``FusedMoEOp.ACTIVATIONS``): fused_moe.cpp's codes.
+FUSED_MOE_ACTIVATIONS = {"silu": 0, "swigluoai": 1}
 #: The products' code for float32 activations with weights packed as bfloat16
 #: (``pack_matmul_weight(..., as_bfloat16=True)``; packed_matmul.cpp's kWidened).
 WIDENED_CODE = 2
@@ -137,8 +139,8 @@ class NativeKernels:
         self._matmul.argtypes = [_I32, _P, _I64, _I64, _P, _P, _I64, _I64, _P, _P, _I64, _I32]
         self._fused_moe = lib.engine_fused_moe
         self._fused_moe.restype = _I32
-        self._fused_moe.argtypes = [_I32, _P, _I64, _I64, _I32, _P, _I64, _I64, _I64, _I32, _P,
-                                    _P, _P, _P, _P, _I64, _I64, _P, _I64, _P, _I32]
+        self._fused_moe.argtypes = [_I32, _P, _I64, _I64, _I32, _P, _I64, _I64, _I64, _I32, _F,
+                                    _F, _P, _P, _P, _P, _P, _P, _P, _I64, _P, _I64, _P, _I32]
         self._fused_moe_workspace = lib.engine_fused_moe_workspace
         self._fused_moe_workspace.restype = _I64
         self._fused_moe_workspace.argtypes = [_I64, _I64, _I64, _I64, _I64, _I64]
@@ -337,7 +339,9 @@ class NativeKernels:
     def fused_moe(self, hidden: torch.Tensor, router_logits: torch.Tensor, top_k: int,
                   renormalize: bool, w13: torch.Tensor, w2: torch.Tensor,
                   panels: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None,
-                  out: torch.Tensor) -> None:
+                  out: torch.Tensor, *, activation: str = "silu", swiglu_alpha: float = 1.702,
+                  swiglu_limit: float = 7.0,
+                  biases: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         """``out`` ``[T, H]`` = the mixture of experts of ``hidden`` (``FusedMoEOp``'s rules).
 
         ``router_logits``: ``[T, E]`` float32 or bfloat16; ``w13`` ``[E, 2I, H]`` and ``w2``
@@ -347,6 +351,9 @@ class NativeKernels:
         ``SMALL_MATMUL_ROWS`` tokens per expert: 1-3 tokens). Rows of ``hidden``,
         ``router_logits`` and ``out`` contiguous. One call routes, groups by expert and
         runs every product (fused_moe.cpp); a step graph records it whole.
+        ``activation`` (with ``swiglu_alpha``, ``swiglu_limit``): one of
+        ``FUSED_MOE_ACTIVATIONS``, as ``FusedMoEOp.activate``; ``biases``: ``w13_bias``
+        ``[E, 2I]`` and ``w2_bias`` ``[E, H]``, contiguous, ``hidden``'s dtype, or None.
         """
         tokens, hidden_size = hidden.shape
         experts, size2, _ = w13.shape
@@ -362,6 +369,12 @@ class NativeKernels:
         check_rows("fused_moe", hidden.dtype, hidden_size, hidden, out)
         _check_flat("fused_moe", ("w13", w13, hidden.dtype, experts * size2 * hidden_size),
                     ("w2", w2, hidden.dtype, experts * hidden_size * size))
+        if activation not in FUSED_MOE_ACTIVATIONS:
+            raise ValueError(f"fused_moe: activation {activation!r} is not supported; "
+                             f"supported: {', '.join(FUSED_MOE_ACTIVATIONS)}")
+        if biases is not None:
+            _check_flat("fused_moe", ("w13_bias", biases[0], hidden.dtype, experts * size2),
+                        ("w2_bias", biases[1], hidden.dtype, experts * hidden_size))
         code = DTYPE_CODES[hidden.dtype]
         if panels is None:
             if tokens > SMALL_MATMUL_ROWS or hidden.dtype not in self.small_matmul_dtypes:
@@ -379,13 +392,17 @@ class NativeKernels:
         workspace = torch.empty(self._fused_moe_workspace(
             tokens, top_k, experts, hidden_size, size, hidden.element_size()), dtype=torch.uint8)
         gate, up, down = (None, None, None) if panels is None else panels
+        b13, b2 = ((None, None) if biases is None
+                   else (biases[0].data_ptr(), biases[1].data_ptr()))
+        options = int(renormalize) | FUSED_MOE_ACTIVATIONS[activation] << 1
         call_status("fused_moe", self._invoke("fused_moe", self._fused_moe,
             code, hidden.data_ptr(), hidden.stride(0), tokens, DTYPE_CODES[router_logits.dtype],
-            router_logits.data_ptr(), router_logits.stride(0), experts, top_k, int(renormalize),
-            w13.data_ptr(), None if gate is None else gate.data_ptr(),
-            None if up is None else up.data_ptr(), w2.data_ptr(),
-            None if down is None else down.data_ptr(), hidden_size, size, out.data_ptr(),
-            out.stride(0), workspace.data_ptr(), torch.get_num_threads()))
+            router_logits.data_ptr(), router_logits.stride(0), experts, top_k, options,
+            swiglu_alpha, swiglu_limit, w13.data_ptr(), b13,
+            None if gate is None else gate.data_ptr(), None if up is None else up.data_ptr(),
+            w2.data_ptr(), b2, None if down is None else down.data_ptr(),
+            hidden_size << 32 | size, out.data_ptr(), out.stride(0), workspace.data_ptr(),
+            torch.get_num_threads()))
 
     def _invoke(self, kernel: str, entry: Callable[..., int | None], *args: object) -> int:
         """Call ``entry``, or record its step-graph entry's call while a graph is recorded."""
