@@ -10,7 +10,8 @@ projection's bias counted once); the prompt's logits are transformers' within 1e
 greedy tokens equal (on the default and on the ``torch`` attention backend), alone and
 with chunked prefill, prefix-cache hits and preemption, every block free after each; two
 tensor-parallel ranks on the ``mp`` executor give one rank's tokens; in bfloat16 the first
-tokens follow float32 transformers.
+tokens follow float32 transformers, eagerly and as a CPU step graph (engine-kernels' native
+``fused_moe`` implements the experts' options, the ``cpu`` backend the sinks).
 """
 
 from __future__ import annotations
@@ -31,8 +32,8 @@ from engine.core.model_executor.models.gpt_oss import (
     sliding_window_of,
     to_op_layout,
 )
-from engine.testing.model_checks import SCENARIOS, ModelChecks
 from engine.sdk.ops import FusedMoEOp
+from engine.testing.model_checks import SCENARIOS, ModelChecks
 
 BY_PATH = f"{GptOssForCausalLM.__module__}:{GptOssForCausalLM.__qualname__}"
 
@@ -133,7 +134,7 @@ def test_layer_types_choose_each_layers_window() -> None:
 def test_prompt_logits_and_greedy_tokens_equal_transformers(checks: ModelChecks) -> None:
     model = checks.logits_and_greedy_tokens()
     mlp = model.layers[0].mlp
-    # The CPU's default op (engine-kernels') runs the reference for these options.
+    # The CPU's default op (engine-kernels') runs its native call for these options.
     assert type(mlp) is GptOssMLP and isinstance(mlp.experts.op, FusedMoEOp)
     assert mlp.experts.op.activation == "swigluoai" and mlp.experts.op.has_bias
     assert mlp.experts.op.w13.shape == (4, 2 * 48, 64)
@@ -150,14 +151,17 @@ def test_the_torch_backend_gives_transformers_logits(tiny_gpt_oss: Path) -> None
     assert type(model.layers[0].self_attn.attn.impl).__name__ == "TorchAttentionImpl"
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenario: str) -> None:
-    getattr(checks, scenario)()  # two_ranks: heads, sinks and experts split
+    # two_ranks: heads, sinks and experts split; bfloat16_step_graph: the whole pass
+    # recorded (sinks, biases and the clamped activation in bfloat16), the eager tokens.
+    getattr(checks, scenario)()
 
 
 def test_bfloat16_first_tokens_follow_float32_transformers(checks: ModelChecks) -> None:
-    # Eager (the built-in fused_moe is not recordable): sinks, biases and the clamped
-    # activation in bfloat16.
-    with checks.llm(dtype="bfloat16", block_size=16, num_kv_blocks=32) as llm:
+    # Eager: sinks, biases and the clamped activation in bfloat16 (also where the build
+    # has no packed bfloat16 product and bfloat16_step_graph skips).
+    with checks.llm(dtype="bfloat16", block_size=16, num_kv_blocks=32,
+                    enforce_eager=True) as llm:
         tokens = checks.run(llm)
     assert [t[:2] for t in tokens] == [t[:2] for t in checks.hf_tokens]
