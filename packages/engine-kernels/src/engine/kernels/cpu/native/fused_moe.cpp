@@ -1,8 +1,9 @@
 // The mixture-of-experts MLP in one call (the `fused_moe` custom op's CPU path,
 // engine.kernels.cpu.moe): routing, tokens grouped by expert, each active expert's
 // gate/up product, gated activation and down product over only its tokens, and the
-// weighted sum into the output. No Python loop over experts and nothing read back to the host: the
-// routing's sizes live in here, so the CPU step graph records the whole layer as one call.
+// weighted sum into the output. No Python loop over experts and nothing read back to the
+// host: the routing's sizes live in here, so the CPU step graph records the whole layer as
+// one call.
 //
 // Routing, as engine.sdk.ops.FusedMoEOp.route: p = softmax(logits) in float32; each
 // token keeps its top_k largest p, chosen as torch.topk chooses them on the CPU (the same
@@ -26,10 +27,10 @@
 // (u + 1) * (g * sigmoid(alpha * g)), each of its five operations rounded to the dtype as
 // torch's bfloat16 ops round theirs (float32 math in between).
 //
-// The last pass sums each token's k
-// rows in float32 in ascending expert order, each weighted in float32 (the reference's
-// index_add_ order), rounded once: compiled without FMA contraction (library.py), so with
-// the same expert outputs the sum is the reference's bit for bit.
+// The last pass sums each token's k rows in float32 in ascending expert order, each
+// weighted in float32 (the reference's index_add_ order), rounded once: compiled without
+// FMA contraction (library.py), so with the same expert outputs the sum is the
+// reference's bit for bit.
 //
 // Threads: torch's count (num_threads), at most one per work item, as the products'
 // kernels choose theirs; one team runs the gather, the two products' passes and the sums
@@ -230,8 +231,8 @@ template <typename T>
 int fused_moe(int code, const T* hidden, int64_t h_row, int64_t tokens, const float* weights,
               const int32_t* experts, int64_t E, int64_t k, const Weights& gate,
               const Weights& up, const Weights& down, const Activation& how, int64_t H,
-              int64_t I, T* out,
-              int64_t out_row, char* workspace, const Layout& at, int num_threads) {
+              int64_t I, T* out, int64_t out_row, char* workspace, const Layout& at,
+              int num_threads) {
   const int64_t pairs = tokens * k;
   auto* position = reinterpret_cast<int32_t*>(workspace + at.position);
   auto* offsets = reinterpret_cast<int64_t*>(workspace + at.offsets);
