@@ -101,12 +101,10 @@ class GemmaAttention(nn.Module):
             self.rope(config, layer_type),
         )
         window = config.sliding_window if layer_type == SLIDING else None
-        cap = self.logits_soft_cap(config)
-        extra = {} if cap is None else {"logits_soft_cap": float(cap)}
         self.attn = layers.attention(
             f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
             head_size=self.head_dim, scale=float(config.query_pre_attn_scalar) ** -0.5,
-            sliding_window=window, **extra,
+            sliding_window=window, logits_soft_cap=self.logits_soft_cap(config),
         )
 
     def rope(self, config: Any, layer_type: str) -> dict[str, Any]:
