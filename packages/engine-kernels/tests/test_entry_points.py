@@ -20,6 +20,7 @@ DECLARED = {
     ("engine.custom_ops", "rms_norm", "engine.kernels.ops:RMSNorm"),
     ("engine.custom_ops", "rotary_embedding", "engine.kernels.ops:RotaryEmbedding"),
     ("engine.custom_ops", "silu_and_mul", "engine.kernels.ops:SiluAndMul"),
+    ("engine.custom_ops", "gelu_and_mul", "engine.kernels.ops:GeluAndMul"),
     ("engine.custom_ops", "fused_moe", "engine.kernels.ops:FusedMoE"),
     ("engine.attention_backends", "cpu", "engine.kernels.cpu.attention:CpuAttentionBackend"),
     ("engine.linear_kernels", "cpu", "engine.kernels.cpu.linear:CpuLinearKernel"),
@@ -105,7 +106,7 @@ print(backend.supports(AttentionSpec(num_heads=8, num_kv_heads=8, head_size=64,
                                      dtype="bfloat16", kv_cache_dtype="bfloat16",
                                      block_size=16, platform=cuda)).reason)
 print(catalog.load("engine.linear_kernels", "int8_triton").is_supported(cuda).reason)
-for op in ("rms_norm", "rotary_embedding", "silu_and_mul", "fused_moe"):
+for op in ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "fused_moe"):
     catalog.load("engine.custom_ops", op)
 print("triton" in sys.modules)
 """

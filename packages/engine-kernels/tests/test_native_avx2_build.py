@@ -23,8 +23,9 @@ from engine.sdk import native as machine
 
 TESTS = Path(__file__).parent
 CORE_TESTS = TESTS.parent.parent / "engine-core" / "tests"
-MODULES = ["test_attention_backends_cpu.py", "test_cpu_ops.py", "test_gguf_dequant_native.py",
-           "test_packed_matmul.py", "test_fused_moe_cpu.py", *(str(CORE_TESTS / name) for name in (
+MODULES = ["test_attention_backends_cpu.py", "test_cpu_ops.py", "test_gelu_and_mul_cpu.py",
+           "test_gguf_dequant_native.py", "test_packed_matmul.py", "test_fused_moe_cpu.py",
+           *(str(CORE_TESTS / name) for name in (
                "test_linear_kernels.py", "test_quantization_gguf.py", "test_step_graph.py"))]
 FLAGS = set(machine.cpu_flags().split())
 # What the AVX2 build must report, checked before its tests run: float32 only (its small

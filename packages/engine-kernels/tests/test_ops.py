@@ -7,7 +7,7 @@ import torch
 
 from engine.core.model_executor.layers.rope import cos_sin_cache, inv_frequencies
 from engine.kernels import _jit
-from engine.kernels.ops import RMSNorm, RotaryEmbedding, SiluAndMul
+from engine.kernels.ops import GeluAndMul, RMSNorm, RotaryEmbedding, SiluAndMul
 from engine.sdk.ops import RotaryEmbeddingOp, check_replacement
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16]
@@ -34,7 +34,7 @@ def rounded_alike(actual: torch.Tensor, expected: torch.Tensor) -> None:
         assert torch.equal(actual, expected)
 
 
-@pytest.mark.parametrize("op", [RMSNorm, RotaryEmbedding, SiluAndMul])
+@pytest.mark.parametrize("op", [RMSNorm, RotaryEmbedding, SiluAndMul, GeluAndMul])
 def test_each_is_a_valid_replacement_of_its_op(op: type) -> None:
     assert check_replacement(op.name, op)
 
@@ -104,11 +104,38 @@ def test_silu_and_mul(dtype: torch.dtype, d: int, device: str) -> None:
     assert torch.equal(x, before)  # x is not modified
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d", [64, 1500])  # 1500: two column blocks, the second partial
+def test_gelu_and_mul(approximate: str, dtype: torch.dtype, d: int, device: str) -> None:
+    """float32 against the float64 formula: torch's CPU erf is off by up to 1.5e-7 of
+    ``gelu``'s scale, the kernel's (libdevice's, numpy's in the interpreter) is not."""
+    op = GeluAndMul(approximate, dispatch_key="cuda")  # type: ignore[arg-type]
+    gen = torch.Generator().manual_seed(d)
+    x = (torch.randn(2, 3, 2 * d, generator=gen) * 3).to(dtype)
+    x[0, 0, :4] = torch.tensor([-30.0, -9.0, 0.0, 30.0])  # saturated: tanh's exp stays finite
+    wide = torch.randn(5, 3 * d, generator=gen).to(dtype)
+    strided = wide[:, d // 2: d // 2 + 2 * d]  # rows of a wider tensor
+    for t in (x, strided):
+        want = (op.forward_native(t.double()).to(dtype) if dtype == torch.float32 else
+                op.forward_native(t))
+        before = t.clone()
+        close(op(t.to(device)).cpu(), want)
+        assert torch.equal(t, before)  # x is not modified
+
+
+def test_gelu_and_mul_refuses_another_form_by_name(device: str) -> None:
+    from engine.kernels.ops.op_kernels import gelu_and_mul
+
+    with pytest.raises(ValueError, match="approximate='erf' is not supported; allowed: "):
+        gelu_and_mul(torch.ones(2, 4, device=device), "erf")
+
+
 def test_other_dispatch_keys_keep_the_reference() -> None:
     for key in ("native", "xpu"):  # the CPU runs C++ (test_cpu_ops.py), CUDA Triton
-        op = SiluAndMul(dispatch_key=key)
         x = torch.randn(4, 8)
-        assert torch.equal(op(x), op.forward_native(x))
+        for op in (SiluAndMul(dispatch_key=key), GeluAndMul("tanh", dispatch_key=key)):
+            assert torch.equal(op(x), op.forward_native(x))
 
 
 def test_without_triton_a_cuda_op_is_refused_when_built(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -119,4 +146,6 @@ def test_without_triton_a_cuda_op_is_refused_when_built(monkeypatch: pytest.Monk
                        r"but triton is not installed: pip install 'engine-server\[cuda\]'.*"
                        r"--custom-ops=-rms_norm"):
         RMSNorm(64, dispatch_key="cuda")
+    with pytest.raises(RuntimeError, match=r"--custom-ops=-gelu_and_mul"):
+        GeluAndMul("tanh", dispatch_key="cuda")
     RMSNorm(64, dispatch_key="cpu")  # the CPU runs C++: nothing to check

@@ -8,34 +8,27 @@ from pathlib import Path
 from engine.testing.test_plugins import run_engine_cli
 
 
-def _op_lines(stdout: str, *, every: bool = False) -> list[str]:
-    """The line of each op (its candidates, indented further, left out).
-
-    ``gelu_and_mul`` (which only the built-in implements) is left out unless ``every``.
-    """
+def _op_lines(stdout: str) -> list[str]:
+    """The line of each op (its candidates, indented further, left out)."""
     lines = stdout.splitlines()
     start = next(i for i, line in enumerate(lines) if line.startswith("custom ops on cpu  ("))
     ops = [line for line in lines[start + 1:] if line.startswith("  ") and
            not line.startswith("    ")]
     assert [line.split()[0] for line in ops] == ["fused_moe", "gelu_and_mul", "rms_norm",
                                                  "rotary_embedding", "silu_and_mul"]
-    return ops if every else [ops[0], *ops[2:]]
+    return ops
 
 
 def test_list_shows_every_op_and_why(test_plugins_dir: Path) -> None:
     result = run_engine_cli(["plugins", "list"], test_plugins_dir)
     assert result.returncode == 0, result.stderr
-    # engine-kernels (installed with engine-server) registers four, with a CPU path (C++)
-    # each: on this CPU they are used, and the built-ins (references) are candidates.
+    # engine-kernels (installed with engine-server) registers all five, with a CPU path
+    # (C++) each: on this CPU they are used, and the built-ins (references) are candidates.
     assert all(" = engine.kernels.ops:" in line and "(engine-kernels 0.1.0)" in line
                and "[default: the only implementation with a cpu path]" in line
                for line in _op_lines(result.stdout))
     assert result.stdout.count("(engine-core 0.1.0)  (priority 0; not eligible: it has no "
-                               "cpu path of its own") == 4
-    # gelu_and_mul: only the built-in (the reference) implements it.
-    gelu = _op_lines(result.stdout, every=True)[1]
-    assert ("gelu_and_mul = built-in engine.core.model_executor.layers.builtin_ops:GeluAndMul"
-            in gelu and "no replacement is installed" in gelu), gelu
+                               "cpu path of its own") == 5
     forced = run_engine_cli(["plugins", "list", "--custom-ops", "all"], test_plugins_dir)
     assert all("engine.kernels.ops:" in line and "[--custom-ops: all]" in line
                for line in _op_lines(forced.stdout))

@@ -1,6 +1,7 @@
 """The CPU paths of the built-in custom ops, in C++: engine-kernels' ``engine.custom_ops``.
 
-``rms_norm``, ``rotary_embedding`` and ``silu_and_mul`` implementations that the engine
+``rms_norm``, ``rotary_embedding``, ``silu_and_mul`` and ``gelu_and_mul`` implementations
+that the engine
 chooses on the CPU as it would a third party's (measured, or ranked: engine-core's own
 entries are the contracts' references and have no CPU path of their own). Each subclasses
 its contract in ``engine.sdk.ops`` and overrides only ``forward_cpu``, so the reference
@@ -31,7 +32,7 @@ import torch
 from engine.kernels.cpu.native import load, native_kernels
 from engine.kernels.cpu.native.library import DTYPE_CODES, NativeBuildError
 from engine.sdk.capture import CaptureContext, GraphKind
-from engine.sdk.ops import CustomOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
+from engine.sdk.ops import CustomOp, GeluAndMulOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.platform import PlatformInfo
 from engine.sdk.support import Support
 
@@ -174,4 +175,32 @@ class CpuSiluAndMul(SiluAndMulOp):
         return _capture_support(self, ctx, CpuSiluAndMul.forward_cpu, SiluAndMulOp)
 
 
-__all__ = ["CpuRMSNorm", "CpuRotaryEmbedding", "CpuSiluAndMul"]
+class CpuGeluAndMul(GeluAndMulOp):
+    """``gelu_and_mul``: the contract, with the CPU path in one kernel (erf or tanh form).
+
+    The kernel's erf and tanh are accurate to about an ulp (``vmath.h``), torch's erf to
+    about 1.5e-7: float32 results agree to a few ulp of ``gelu``'s magnitude, bfloat16 ones
+    bit for bit but where the float32 GELU falls within that of a rounding tie.
+    """
+
+    name: ClassVar[str] = "gelu_and_mul"
+
+    @classmethod
+    def is_supported(cls, platform: PlatformInfo) -> Support:
+        return _is_supported(cls, platform)
+
+    def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
+        kernels = native_kernels()
+        width = x.shape[-1] if x.dim() else 1
+        rows = x.reshape(-1, width) if x.dim() else x
+        if (kernels is None or width % 2 or not _rows(rows) or _recording(x)):
+            return self.forward_native(x)
+        out = x.new_empty((*x.shape[:-1], width // 2))
+        kernels.gelu_and_mul(rows, out.view(-1, width // 2), self.approximate)
+        return out
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        return _capture_support(self, ctx, CpuGeluAndMul.forward_cpu, GeluAndMulOp)
+
+
+__all__ = ["CpuGeluAndMul", "CpuRMSNorm", "CpuRotaryEmbedding", "CpuSiluAndMul"]

@@ -2,9 +2,10 @@
 
 from engine.kernels.ops.replacements import (
     FusedMoE,
+    GeluAndMul,
     RMSNorm,
     RotaryEmbedding,
     SiluAndMul,
 )
 
-__all__ = ["FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["FusedMoE", "GeluAndMul", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

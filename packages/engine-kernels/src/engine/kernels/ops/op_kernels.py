@@ -1,4 +1,6 @@
-"""Triton kernels of the custom-op replacements: RMSNorm (+ residual), RoPE, SiLU-and-mul.
+"""Triton kernels of the custom-op replacements: RMSNorm, RoPE, SiLU- and GELU-and-mul.
+
+RMSNorm optionally with the residual add fused; GELU in its erf or tanh form.
 
 Each computes exactly what its SDK contract's ``forward_native`` does (``engine.sdk.ops``),
 in the same order and precision: float32 math, a rounding to the activation dtype where
@@ -17,8 +19,13 @@ import triton.language as tl
 
 from engine.kernels._jit import next_power_of_2
 
-#: Elements of one row one SiLU-and-mul program handles.
+#: Elements of one row one SiLU-and-mul (or GELU-and-mul) program handles.
 SILU_BLOCK = 1024
+#: ``F.gelu``'s constants: 1/sqrt(2) (erf form); sqrt(2/pi) and 0.044715 (tanh form).
+#: Compile-time constants: a kernel reads no other globals.
+GELU_SQRT_HALF = tl.constexpr(0.7071067811865476)
+GELU_TANH_BETA = tl.constexpr(0.7978845608028654)
+GELU_TANH_KAPPA = tl.constexpr(0.044715)
 
 
 @triton.jit
@@ -122,6 +129,46 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         block = min(SILU_BLOCK, next_power_of_2(d))
         _silu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
             rows, out, rows.stride(0), out.stride(0), d, BLOCK=block)
+    return out.view(*x.shape[:-1], d)
+
+
+@triton.jit
+def _gelu_and_mul_kernel(x_ptr, out_ptr, stride_x, stride_o, d, TANH: tl.constexpr,
+                         BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0)
+    if TANH:  # tl.math has no tanh: 1 + tanh(v) from t = exp(-2|v|) (no overflow), as
+        # 2 / (1 + t) for v >= 0 and 2 t / (1 + t) below (no cancellation)
+        inner = GELU_TANH_BETA * (gate + GELU_TANH_KAPPA * (gate * gate * gate))
+        t = tl.exp(-2.0 * tl.abs(inner))
+        one_plus_tanh = tl.where(inner >= 0, 2.0, 2.0 * t) / (1.0 + t)
+        gelu = 0.5 * gate * one_plus_tanh
+    else:
+        gelu = gate * 0.5 * (1.0 + tl.math.erf(gate * GELU_SQRT_HALF))
+    y = gelu.to(x_ptr.dtype.element_ty).to(tl.float32) * up.to(tl.float32)  # rounded, as F.gelu
+    tl.store(out_ptr + row * stride_o + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gelu_and_mul(x: torch.Tensor, approximate: str) -> torch.Tensor:
+    """``GeluAndMulOp`` semantics: ``gelu(x[..., :d], approximate) * x[..., d:]`` (a new tensor).
+
+    ``approximate``: ``"none"`` (erf) or ``"tanh"``, as ``F.gelu`` takes it.
+    """
+    if approximate not in ("none", "tanh"):
+        raise ValueError(f"gelu_and_mul: approximate={approximate!r} is not supported; "
+                         f"allowed: 'none', 'tanh'")
+    d = x.shape[-1] // 2
+    rows = x.reshape(-1, 2 * d)
+    out = torch.empty(rows.shape[0], d, dtype=x.dtype, device=x.device)
+    _check_rows(rows)
+    if rows.shape[0] and d:
+        block = min(SILU_BLOCK, next_power_of_2(d))
+        _gelu_and_mul_kernel[(rows.shape[0], triton.cdiv(d, block))](
+            rows, out, rows.stride(0), out.stride(0), d, TANH=approximate == "tanh",
+            BLOCK=block)
     return out.view(*x.shape[:-1], d)
 
 

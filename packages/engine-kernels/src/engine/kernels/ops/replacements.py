@@ -17,13 +17,13 @@ graphs its Triton path, the CPU step graph its C++ path.
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
 
 from engine.kernels._triton import INSTALL_HINT, triton_installed
 from engine.kernels.cpu.moe import CpuFusedMoE
-from engine.kernels.cpu.ops import CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
+from engine.kernels.cpu.ops import CpuGeluAndMul, CpuRMSNorm, CpuRotaryEmbedding, CpuSiluAndMul
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.ops import NATIVE, CustomOp
 from engine.sdk.support import Support
@@ -114,6 +114,27 @@ class SiluAndMul(CpuSiluAndMul):
         return super().capture_support(ctx)
 
 
+class GeluAndMul(CpuGeluAndMul):
+    """``gelu_and_mul``: on CUDA one Triton kernel (erf or tanh form, no intermediate)."""
+
+    name: ClassVar[str] = "gelu_and_mul"
+
+    def __init__(self, approximate: Literal["none", "tanh"] = "none", *,
+                 dispatch_key: str = NATIVE) -> None:
+        _require_triton(self.name, dispatch_key)
+        super().__init__(approximate, dispatch_key=dispatch_key)
+
+    def forward_cuda(self, x: torch.Tensor) -> torch.Tensor:
+        from engine.kernels.ops.op_kernels import gelu_and_mul
+
+        return gelu_and_mul(x, self.approximate)
+
+    def capture_support(self, ctx: CaptureContext) -> Support:
+        if ctx.kind is GraphKind.CUDA_GRAPHS:
+            return _cuda_capture_support(self, ctx)
+        return super().capture_support(ctx)
+
+
 class FusedMoE(CpuFusedMoE):
     """``fused_moe``: on the CPU one native call per layer; elsewhere the reference.
 
@@ -124,4 +145,4 @@ class FusedMoE(CpuFusedMoE):
     name: ClassVar[str] = "fused_moe"
 
 
-__all__ = ["FusedMoE", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]
+__all__ = ["FusedMoE", "GeluAndMul", "RMSNorm", "RotaryEmbedding", "SiluAndMul"]

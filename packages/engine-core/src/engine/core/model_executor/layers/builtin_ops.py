@@ -6,8 +6,7 @@ among every installed one; these classes are engine-core's entries and the fallb
 is its contract in ``engine.sdk.ops`` unchanged, so it runs ``forward_native`` (torch ops)
 on every device. The fast paths are other distributions' entries of the same names, chosen
 beside any third party's: engine-kernels' CPU kernels (``engine.kernels.cpu.ops``) and
-Triton kernels (``engine.kernels.ops``); ``gelu_and_mul`` has none yet. ``--custom-ops
--NAME`` (or ``none``) builds these.
+Triton kernels (``engine.kernels.ops``). ``--custom-ops -NAME`` (or ``none``) builds these.
 
 Each declares that CUDA graphs may record it (``capture_support``, ``engine.sdk.capture``):
 the reference is torch ops a CUDA graph captures; the CPU step graph records native calls

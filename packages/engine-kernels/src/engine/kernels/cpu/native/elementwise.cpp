@@ -1,53 +1,31 @@
 // The engine's built-in custom ops on the CPU: RMSNorm (optionally fused with the residual
-// add), rotary embedding and SiLU-and-mul, one pass over the data each, in float32.
+// add), rotary embedding, SiLU-and-mul and GELU-and-mul, one pass over the data each, in
+// float32 (exp, erf and tanh from vmath.h).
 //
 // Each reproduces its op's reference in engine.sdk.ops, rounding where the reference
 // rounds (a bfloat16 result is rounded before it is multiplied by the weight or the gate,
 // as torch's bfloat16 ops do). Compiled without -ffast-math and without FMA contraction
 // (library.py), so divisions are exact and products round as torch's do: rotation and
 // SiLU-and-mul give torch's results bit for bit in practice; RMSNorm differs only in the
-// order of its float32 mean-square sum. Rows are views: a row stride and a contiguous
+// order of its float32 mean-square sum; GELU-and-mul only where torch's erf (Abramowitz-
+// Stegun, ~1.5e-7 absolute) or tanh and vmath.h's round a value differently. Rows are views: a row stride and a contiguous
 // last axis. Called through ctypes by engine.kernels.cpu.native.library, on torch's OpenMP
 // runtime and thread count; calls smaller than kParallelElements run on the calling thread.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <vector>
 
 #include "engine_graph_call.h"
 #include "kernels.h"
 #include "numerics.h"
+#include "vmath.h"
 
 namespace {
 
 constexpr int64_t kParallelElements = int64_t{1} << 15;
-constexpr int64_t kSiluChunk = 512;  // columns per work item (batch-1 rows split too)
-
-// exp(x) for the SiLU: Cody-Waite reduction and Cephes' degree-6 polynomial (~1 ulp, in
-// explicit FMAs), branch-free so the loop vectorizes. Past float32's range it is +inf (as
-// torch's exp, so silu of a very negative value is -0, not a tiny number), below it the
-// smallest normal's neighbourhood (1 + exp(x) is 1 there either way).
-inline float exp_f32(float x) {
-  const bool overflow = x > 88.7228f;
-  float c = x < -87.0f ? -87.0f : x;  // comparisons, not fmin/fmax: a NaN passes through
-  c = c > 88.0f ? 88.0f : c;
-  const float k = std::floor(std::fma(c, 1.44269504088896341f, 0.5f));
-  const float r = std::fma(k, 2.12194440e-4f, std::fma(k, -0.693359375f, c));
-  float p = 1.9875691500e-4f;
-  p = std::fma(p, r, 1.3981999507e-3f);
-  p = std::fma(p, r, 8.3334519073e-3f);
-  p = std::fma(p, r, 4.1665795894e-2f);
-  p = std::fma(p, r, 1.6666665459e-1f);
-  p = std::fma(p, r, 5.0000001201e-1f);
-  const float e = std::fma(p * r, r, r) + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(k) + 127) << 23;
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  const float result = e * scale;
-  return overflow ? HUGE_VALF : result;
-}
+constexpr int64_t kGateChunk = 512;  // columns per work item (batch-1 rows split too)
 
 template <typename T>
 void rms_norm(T* x, int64_t x_row, T* residual, int64_t r_row, const T* weight, int64_t rows,
@@ -127,11 +105,11 @@ void rotary(const int64_t* positions, int64_t tokens, const float* cache, int64_
 template <typename T>
 void silu_and_mul(const T* x, int64_t x_row, T* out, int64_t out_row, int64_t rows, int64_t d,
                   int num_threads) {
-  const int64_t chunks = (d + kSiluChunk - 1) / kSiluChunk;
+  const int64_t chunks = (d + kGateChunk - 1) / kGateChunk;
 #pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * d >= kParallelElements)
   for (int64_t item = 0; item < rows * chunks; ++item) {
-    const int64_t r = item / chunks, begin = (item % chunks) * kSiluChunk;
-    const int64_t end = std::min(d, begin + kSiluChunk);
+    const int64_t r = item / chunks, begin = (item % chunks) * kGateChunk;
+    const int64_t end = std::min(d, begin + kGateChunk);
     const T* gate = x + r * x_row;
     const T* up = gate + d;
     T* y = out + r * out_row;
@@ -143,12 +121,47 @@ void silu_and_mul(const T* x, int64_t x_row, T* out, int64_t out_row, int64_t ro
   }
 }
 
+// The GELU forms of torch's CPU kernel, in its order: x * 0.5 * (1 + erf(x / sqrt(2))),
+// or 0.5 * x * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 * x^3))).
+constexpr float kSqrtHalf = 0.70710678118654752f;
+constexpr float kTanhBeta = 0.79788456080286536f;  // sqrt(2 / pi)
+constexpr float kTanhKappa = 0.044715f;
+enum Gelu : int { kGeluErf = 0, kGeluTanh = 1 };
+
+template <typename T>
+void gelu_and_mul(const T* x, int64_t x_row, T* out, int64_t out_row, int64_t rows, int64_t d,
+                  bool tanh_form, int num_threads) {
+  const int64_t chunks = (d + kGateChunk - 1) / kGateChunk;
+#pragma omp parallel for num_threads(num_threads) schedule(static) if (rows * d >= kParallelElements)
+  for (int64_t item = 0; item < rows * chunks; ++item) {
+    const int64_t r = item / chunks, begin = (item % chunks) * kGateChunk;
+    const int64_t end = std::min(d, begin + kGateChunk);
+    const T* gate = x + r * x_row;
+    const T* up = gate + d;
+    T* y = out + r * out_row;
+    if (tanh_form) {
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) {
+        const float a = load(gate, i);
+        const float inner = kTanhBeta * (a + kTanhKappa * (a * a * a));
+        store(y, i, round_to<T>(0.5f * a * (1.f + tanh_f32(inner))) * load(up, i));
+      }
+    } else {
+#pragma omp simd
+      for (int64_t i = begin; i < end; ++i) {
+        const float a = load(gate, i);
+        store(y, i, round_to<T>(a * 0.5f * (1.f + erf_f32(a * kSqrtHalf))) * load(up, i));
+      }
+    }
+  }
+}
+
 }  // namespace
 
 extern "C" {
 
-// Each returns 0, 1 for an unknown dtype code, or (rotary) 2 for a position outside the
-// cache, in which case nothing was written.
+// Each returns 0, 1 for an unknown dtype code, or 2 for a position outside the cache
+// (rotary) or an unknown GELU form (gelu_and_mul), in which case nothing was written.
 
 // In place: x [rows, n] becomes RMSNorm(x + residual) * weight; residual (when not null)
 // becomes x + residual.
@@ -188,6 +201,18 @@ int engine_silu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int6
   });
 }
 
+// out [rows, d] = gelu(x[:, :d]) * x[:, d:], x [rows, 2d]; approximate 0: the erf form
+// (F.gelu's "none"), 1: the tanh approximation ("tanh").
+int engine_gelu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int64_t out_row,
+                        int64_t rows, int64_t d, int approximate, int num_threads) {
+  if (approximate != kGeluErf && approximate != kGeluTanh) return 2;
+  return with_dtype(dtype, [&](auto tag) {
+    using T = decltype(tag);
+    gelu_and_mul(static_cast<const T*>(x), x_row, static_cast<T*>(out), out_row, rows, d,
+                 approximate == kGeluTanh, num_threads);
+  });
+}
+
 }  // extern "C"
 
 // The step graph's entries (graph_call.h): the arguments as library.py passes them.
@@ -206,4 +231,9 @@ ENGINE_GRAPH_ENTRY(rotary_embedding, 17) {
 ENGINE_GRAPH_ENTRY(silu_and_mul, 8) {
   return engine_silu_and_mul(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.a[5], x.a[6],
                              x.threads(7));
+}
+
+ENGINE_GRAPH_ENTRY(gelu_and_mul, 9) {
+  return engine_gelu_and_mul(x.i32(0), x.p(1), x.a[2], x.p(3), x.a[4], x.a[5], x.a[6],
+                             x.i32(7), x.threads(8));
 }

@@ -33,6 +33,8 @@ int engine_rotary_embedding(int dtype, const int64_t* positions, int64_t tokens,
                             int64_t k_head, int k_heads, int num_threads);
 int engine_silu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int64_t out_row,
                         int64_t rows, int64_t d, int num_threads);
+int engine_gelu_and_mul(int dtype, const void* x, int64_t x_row, void* out, int64_t out_row,
+                        int64_t rows, int64_t d, int approximate, int num_threads);
 
 // small_matmul.cpp
 int engine_small_matmul_dtypes();

@@ -1,17 +1,17 @@
 """Build, cache and load the engine's CPU kernels (the ``*.cpp`` files beside this one).
 
 ``paged_attention.cpp`` (the ``cpu`` attention backend), ``elementwise.cpp`` (the CPU
-custom ops, ``engine.kernels.cpu.ops``), ``small_matmul.cpp``, ``packed_matmul.cpp``,
-``amx_matmul.cpp`` and ``matmul.cpp`` (the ``cpu`` linear kernel), ``fused_moe.cpp`` (the
-``fused_moe`` op, ``engine.kernels.cpu.moe``) and ``gguf_dequant.cpp``
-(the GGUF kernels' dequantization, ``engine.kernels.gguf``) are compiled on first use
-with the system C++ compiler for this machine by the SDK's ``engine.sdk.native``, as a
-plugin's native code is (float flags per file, see ``SOURCES``); later processes load the
-built file in milliseconds. The CPU step graph's interpreter is engine-core's: it calls
-these kernels' step-graph entries (``engine_graph_<kernel>``) by address. The
-library is called through ``ctypes`` with raw pointers, so it needs neither Python nor
-torch headers, and its OpenMP calls run on the runtime torch already loaded (same
-``libgomp.so.1``), with torch's thread count.
+custom ops, ``engine.kernels.cpu.ops``; exp, erf and tanh from ``vmath.h``),
+``small_matmul.cpp``, ``packed_matmul.cpp``, ``amx_matmul.cpp`` and ``matmul.cpp`` (the
+``cpu`` linear kernel), ``fused_moe.cpp`` (the ``fused_moe`` op, ``engine.kernels.cpu.moe``)
+and ``gguf_dequant.cpp`` (the GGUF kernels' dequantization, ``engine.kernels.gguf``) are
+compiled on first use with the system C++ compiler for this machine by the SDK's
+``engine.sdk.native``, as a plugin's native code is (float flags per file, see
+``SOURCES``); later processes load the built file in milliseconds. The CPU step graph's
+interpreter is engine-core's: it calls these kernels' step-graph entries
+(``engine_graph_<kernel>``) by address. The library is called through ``ctypes`` with
+raw pointers, so it needs neither Python nor torch headers, and its OpenMP calls run on
+the runtime torch already loaded (same ``libgomp.so.1``), with torch's thread count.
 
 Without a compiler, or when the build fails, ``load()`` raises ``NativeBuildError``
 with the reason; the ``cpu`` attention backend reports that reason from ``supports`` and
@@ -51,7 +51,7 @@ SOURCES = {
     Path(__file__).with_name("fused_moe.cpp"): ("-fno-math-errno", "-ffp-contract=off"),
 }
 HEADERS = tuple(Path(__file__).with_name(name)
-                for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h"))
+                for name in ("kernels.h", "numerics.h", "q8_0.h", "simd.h", "vmath.h"))
 DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 #: ``NativeKernels.fused_moe``'s activations (``FusedMoEOp.ACTIVATIONS``): fused_moe.cpp's codes.
 FUSED_MOE_ACTIVATIONS = {"silu": 0, "swigluoai": 1}
@@ -66,8 +66,10 @@ SMALL_MATMUL_ROWS = 3
 PACKED_MATMUL_PANEL = 32
 #: The kernels with a step-graph entry (``engine_graph_<kernel>``, engine_graph_call.h): their
 #: calls are recorded (engine.sdk.graph_calls); any other kernel's refuses the recording.
-GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "matmul", "write_kv",
-                 "paged_attention", "fused_moe")
+GRAPH_KERNELS = ("rms_norm", "rotary_embedding", "silu_and_mul", "gelu_and_mul", "matmul",
+                 "write_kv", "paged_attention", "fused_moe")
+#: ``gelu_and_mul``'s codes of the GELU forms (``approximate`` as ``F.gelu`` takes it).
+GELU_CODES = {"none": 0, "tanh": 1}
 _P, _I64, _I32, _F = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
@@ -115,6 +117,9 @@ class NativeKernels:
         self._silu_and_mul = lib.engine_silu_and_mul
         self._silu_and_mul.restype = _I32
         self._silu_and_mul.argtypes = [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32]
+        self._gelu_and_mul = lib.engine_gelu_and_mul
+        self._gelu_and_mul.restype = _I32
+        self._gelu_and_mul.argtypes = [_I32, _P, _I64, _P, _I64, _I64, _I64, _I32, _I32]
         self._small_matmul = lib.engine_small_matmul
         self._small_matmul.restype = _I32
         self._small_matmul.argtypes = [_I32, _P, _I64, _I64, _P, _I64, _I64, _P, _P, _I64, _I32]
@@ -223,6 +228,24 @@ class NativeKernels:
         call_status("silu_and_mul", self._invoke("silu_and_mul", self._silu_and_mul,
             code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
             torch.get_num_threads()))
+
+    def gelu_and_mul(self, x: torch.Tensor, out: torch.Tensor, approximate: str) -> None:
+        """``out`` ``[rows, d]`` = ``gelu(x[:, :d], approximate) * x[:, d:]``, ``x`` ``[rows, 2d]``.
+
+        ``approximate``: ``"none"`` (the erf form) or ``"tanh"``, as ``F.gelu`` takes it.
+        """
+        rows, d = out.shape
+        code = _dtype_code("gelu_and_mul", x)
+        if approximate not in GELU_CODES:
+            raise ValueError(f"gelu_and_mul: approximate={approximate!r} is not supported; "
+                             f"allowed: {', '.join(map(repr, GELU_CODES))}")
+        check_rows("gelu_and_mul", x.dtype, 2 * d, x)
+        check_rows("gelu_and_mul", x.dtype, d, out)
+        if x.shape[0] != rows:
+            raise ValueError(f"gelu_and_mul: {x.shape[0]} input rows, {rows} output rows")
+        call_status("gelu_and_mul", self._invoke("gelu_and_mul", self._gelu_and_mul,
+            code, x.data_ptr(), x.stride(0), out.data_ptr(), out.stride(0), rows, d,
+            GELU_CODES[approximate], torch.get_num_threads()))
 
     def small_matmul(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
                      out: torch.Tensor) -> None:
