@@ -14,8 +14,9 @@ For each: the prompt's logits are transformers' within 1e-4 and the greedy token
 alone and with chunked prefill, prefix-cache hits and preemption, every block free after
 each; two tensor-parallel ranks on the ``mp`` executor give one rank's tokens. In bfloat16
 the prompt's logits stay near transformers' bfloat16 ones and the first tokens follow
-float32 transformers (eagerly, as Gemma 3: ``test_gemma3_model``). The caps matter: without
-them the logits are others. Bidirectional attention is refused when built.
+float32 transformers; the CPU step graph records the pass (engine-kernels'
+``gelu_and_mul`` is a native call) and gives the eager pass's tokens. The caps matter:
+without them the logits are others. Bidirectional attention is refused when built.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ def test_prompt_logits_and_greedy_tokens_equal_transformers(checks: ModelChecks)
     assert [spec.sliding_window for spec in specs] == [8, None, 8, None]
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenario: str) -> None:
     getattr(checks, scenario)()
 

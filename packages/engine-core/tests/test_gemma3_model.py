@@ -8,11 +8,13 @@ rope per layer type, the global layers' with linear scaling; per-head q/k norms;
 are transformers' within 1e-4 and the greedy tokens equal, alone and with chunked prefill,
 prefix-cache hits and preemption, every block free after each; two tensor-parallel ranks
 on the ``mp`` executor give one rank's tokens. In bfloat16 the prompt's logits stay near
-transformers' bfloat16 ones and the first tokens follow float32 transformers; the model
-runs eagerly there (the built-in ``gelu_and_mul`` is torch ops, which the CPU step graph
-cannot record), which the engine says. Which class serves the architecture: the engine's,
-unless a plugin registers one. What it does not serve (the multimodal Gemma 3,
-bidirectional attention, another activation) is refused when built, naming it.
+transformers' bfloat16 ones and the first tokens follow float32 transformers, and the
+CPU step graph records the pass (engine-kernels' ``gelu_and_mul`` is a native call) and
+gives the eager pass's tokens; with the built-in ``gelu_and_mul`` (torch ops, which a
+step graph cannot record) the model runs eagerly, saying why. Which class serves the
+architecture: the engine's, unless a plugin registers one. What it does not serve (the
+multimodal Gemma 3, bidirectional attention, another activation) is refused when built,
+naming it.
 """
 
 from __future__ import annotations
@@ -84,7 +86,7 @@ def test_an_untied_head_keeps_its_own_weight_and_the_final_norm_its_own(
     assert torch.equal(model.lm_head.weight, stored["lm_head.weight"])
 
 
-@pytest.mark.parametrize("scenario", [s for s in SCENARIOS if s != "bfloat16_step_graph"])
+@pytest.mark.parametrize("scenario", SCENARIOS)
 def test_the_engine_gives_the_tokens_of_transformers(checks: ModelChecks, scenario: str) -> None:
     getattr(checks, scenario)()
 
@@ -94,21 +96,28 @@ def test_the_torch_backend_gives_the_tokens_of_transformers(checks: ModelChecks)
         assert checks.run(llm) == checks.hf_tokens
 
 
-def test_bfloat16_follows_transformers_eagerly_saying_why(
-        checks: ModelChecks, caplog: pytest.LogCaptureFixture) -> None:
+def test_bfloat16_follows_transformers(checks: ModelChecks) -> None:
     """bfloat16: logits near transformers' bfloat16 ones, its first greedy tokens float32's.
 
     The ``1 + weight`` norms round their scale to bfloat16 where transformers multiplies
     in float32 (module docstring of ``models.gemma2``): the logits (about 1 in spread, 6 at
-    most) stay within 0.25 of transformers' bfloat16 ones. The built-in ``gelu_and_mul``
-    runs torch ops, so the model runs eagerly (the CPU step graph is off, saying why).
+    most) stay within 0.25 of transformers' bfloat16 ones.
     """
-    with caplog.at_level(logging.INFO, logger="engine.core.worker.step_graph"):
-        assert checks.bfloat16_logits(atol=0.25).step_graph is None
+    checks.bfloat16_logits(atol=0.25)
+
+
+def test_the_built_in_gelu_and_mul_keeps_the_model_eager_saying_why(
+        checks: ModelChecks, caplog: pytest.LogCaptureFixture) -> None:
+    """``--custom-ops -gelu_and_mul``: the reference's torch ops, which no step graph records."""
     native = native_kernels()
-    if native is not None and torch.bfloat16 in native.packed_matmul_dtypes:
-        said = [r.getMessage() for r in caplog.records if "CPU step graph" in r.getMessage()]
-        assert said and "gelu_and_mul" in said[0], said  # else: no graph for any model
+    if native is None or torch.bfloat16 not in native.packed_matmul_dtypes:
+        pytest.skip("no packed bfloat16 product in this build: the model runs eagerly")
+    with caplog.at_level(logging.INFO, logger="engine.core.worker.step_graph"), checks.llm(
+            dtype="bfloat16", block_size=16, num_kv_blocks=32, max_num_batched_tokens=64,
+            custom_ops=("-gelu_and_mul",)) as llm:
+        assert llm.llm_engine.core.worker.model_runner.step_graph is None
+    said = [r.getMessage() for r in caplog.records if "CPU step graph" in r.getMessage()]
+    assert said and "gelu_and_mul" in said[0], said
 
 
 class _Layers:
