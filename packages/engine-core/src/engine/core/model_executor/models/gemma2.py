@@ -47,8 +47,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core.model_executor.models.llama import LlamaForCausalLM
-from engine.sdk.layers import LayerFactory, rope_settings
+from engine.core.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
+from engine.sdk.layers import LayerFactory
 from engine.sdk.model import ModelContext
 
 SLIDING = "sliding_attention"
@@ -76,62 +76,29 @@ def gemma_layer_types(config: Any, sliding_every: int = 2) -> list[str]:
     return types
 
 
-class GemmaAttention(nn.Module):
-    """Gemma attention: Llama's fused q/k/v and o projections, Gemma's scale and window."""
+class GemmaAttention(LlamaAttention):
+    """Llama's attention (fused q/k/v, o, rope, ``per_head``) with Gemma's scale and window.
+
+    ``layer_type`` (``sliding_attention`` or ``full_attention``) picks the window and, in
+    Gemma 3, the rope settings; it is set before Llama's construction asks the hooks.
+    """
 
     def __init__(self, config: Any, layers: LayerFactory, prefix: str, layer_type: str) -> None:
-        super().__init__()
-        total_heads = config.num_attention_heads
-        total_kv_heads = getattr(config, "num_key_value_heads", None) or total_heads
-        self.head_dim = int(getattr(config, "head_dim", None)
-                            or config.hidden_size // total_heads)
-        total_q, total_kv = total_heads * self.head_dim, total_kv_heads * self.head_dim
-        bias = bool(getattr(config, "attention_bias", False))
-        self.qkv_proj = layers.linear(
-            f"{prefix}.qkv_proj", config.hidden_size, (total_q, total_kv, total_kv),
-            bias=bias, parallel="column", head_size=self.head_dim,
-        )
-        self.q_size, self.kv_size, _ = self.qkv_proj.output_partition_sizes
-        self.num_heads = self.q_size // self.head_dim
-        self.num_kv_heads = self.kv_size // self.head_dim
-        self.o_proj = layers.linear(f"{prefix}.o_proj", total_q, (config.hidden_size,),
-                                    bias=bias, parallel="row")
-        self.rotary_emb = layers.rotary_embedding(
-            self.head_dim, self.head_dim, config.max_position_embeddings,
-            self.rope(config, layer_type),
-        )
-        window = config.sliding_window if layer_type == SLIDING else None
-        self.attn = layers.attention(
-            f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            head_size=self.head_dim, scale=float(config.query_pre_attn_scalar) ** -0.5,
-            sliding_window=window, logits_soft_cap=self.logits_soft_cap(config),
-        )
+        self.layer_type = layer_type
+        super().__init__(config, layers, prefix,
+                         qkv_bias=bool(getattr(config, "attention_bias", False)))
 
-    def rope(self, config: Any, layer_type: str) -> dict[str, Any]:
-        """This layer's rope settings: Gemma 2 has one set for every layer."""
-        return rope_settings(config)
+    def softmax_scale(self, config: Any) -> float:
+        return float(config.query_pre_attn_scalar ** -0.5)
+
+    def attention_options(self, config: Any, prefix: str) -> dict[str, Any]:
+        window = config.sliding_window if self.layer_type == SLIDING else None
+        return {"sliding_window": window, "logits_soft_cap": self.logits_soft_cap(config)}
 
     def logits_soft_cap(self, config: Any) -> float | None:
         """The attention scores' soft cap: Gemma 2's ``attn_logit_softcapping``."""
         cap = getattr(config, "attn_logit_softcapping", None)
         return None if cap is None else float(cap)
-
-    def per_head(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The step on q and k (``[tokens, heads, head_dim]``) before the rotation: none."""
-        return q, k
-
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor, metadata: Any) -> torch.Tensor:
-        qkv = self.qkv_proj(hidden)
-        q, k, v = torch.split(qkv, [self.q_size, self.kv_size, self.kv_size], dim=-1)
-        num_tokens = hidden.shape[0]
-        q, k = self.rotary_emb(positions, *self.per_head(
-            q.reshape(num_tokens, self.num_heads, self.head_dim),
-            k.reshape(num_tokens, self.num_kv_heads, self.head_dim),
-        ))
-        out = self.attn(q.reshape(num_tokens, self.q_size), k.reshape(num_tokens, self.kv_size),
-                        v.contiguous(), metadata)
-        projected: torch.Tensor = self.o_proj(out)
-        return projected
 
 
 class GemmaMLP(nn.Module):

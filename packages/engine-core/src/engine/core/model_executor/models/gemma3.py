@@ -50,7 +50,8 @@ class Gemma3Attention(GemmaAttention):
         self.q_norm = layers.rms_norm(self.head_dim, config.rms_norm_eps)
         self.k_norm = layers.rms_norm(self.head_dim, config.rms_norm_eps)
 
-    def rope(self, config: Any, layer_type: str) -> dict[str, Any]:
+    def rope(self, config: Any) -> dict[str, Any]:
+        layer_type = self.layer_type
         params = getattr(config, "rope_parameters", None)
         if isinstance(params, Mapping) and layer_type in params:
             return rope_settings(config, layer_type=layer_type)

@@ -76,16 +76,24 @@ class LlamaAttention(nn.Module):
         self.o_proj = layers.linear(f"{prefix}.o_proj", total_q, (config.hidden_size,),
                                     bias=bool(getattr(config, "attention_bias", False)),
                                     parallel="row")
-        rope = rope_settings(config)
+        rope = self.rope(config)
         self.rotary_emb = layers.rotary_embedding(
             self.head_dim, int(self.head_dim * rope.get("partial_rotary_factor", 1.0)),
             config.max_position_embeddings, rope,
         )
         self.attn = layers.attention(
             f"{prefix}.attn", num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-            head_size=self.head_dim, scale=self.head_dim**-0.5,
+            head_size=self.head_dim, scale=self.softmax_scale(config),
             **self.attention_options(config, prefix),
         )
+
+    def rope(self, config: Any) -> dict[str, Any]:
+        """This layer's rope settings (Gemma 3 reads them per layer type)."""
+        return rope_settings(config)
+
+    def softmax_scale(self, config: Any) -> float:
+        """The attention scores' scale: ``head_dim ** -0.5`` (Gemma: its own scalar)."""
+        return float(self.head_dim**-0.5)
 
     def attention_options(self, config: Any, prefix: str) -> dict[str, Any]:
         """The keyword options of this layer's ``layers.attention``.
