@@ -19,8 +19,9 @@ row-parallel, the embedding and LM head split by vocabulary rows.
 Variants reuse the modules through class attributes: ``LlamaForCausalLM.decoder_layer_cls``,
 ``LlamaDecoderLayer.attention_cls`` and ``LlamaAttention.per_head`` (q and k per head,
 before the rotation), as Qwen3 (``models.qwen3``) does for its q/k norms, and
-``LlamaAttention.attention_options`` (the attention layer's options), as GPT-OSS
-(``models.gpt_oss``) does for its per-layer windows and sinks;
+``LlamaAttention.rope`` / ``softmax_scale`` / ``attention_options`` (a layer's rope
+settings, score scale and ``layers.attention`` keywords), as Gemma (``models.gemma2``) and
+GPT-OSS (``models.gpt_oss``) do for their per-layer windows, soft caps and sinks;
 ``LlamaDecoderLayer.mlp_cls`` / ``mlp_prefix`` (the MLP and its checkpoint name), as
 Mixtral (``models.mixtral``) does for its mixture of experts, and ``build_mlp`` (the MLP of
 one layer), as Qwen3-MoE (``models.qwen3_moe``) does for its dense ``mlp_only_layers``.
