@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import torch
 
 from engine.kernels.cpu.native import load, native_kernels
-from engine.kernels.cpu.native.library import DTYPE_CODES, NativeBuildError
+from engine.kernels.cpu.native.library import DTYPE_CODES, NativeBuildError, NativeKernels
 from engine.sdk.capture import CaptureContext, GraphKind
 from engine.sdk.ops import CustomOp, GeluAndMulOp, RMSNormOp, RotaryEmbeddingOp, SiluAndMulOp
 from engine.sdk.platform import PlatformInfo
@@ -162,14 +162,7 @@ class CpuSiluAndMul(SiluAndMulOp):
         return _is_supported(cls, platform)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        kernels = native_kernels()
-        width = x.shape[-1] if x.dim() else 1
-        rows = x.reshape(-1, width) if x.dim() else x
-        if (kernels is None or width % 2 or not _rows(rows) or _recording(x)):
-            return self.forward_native(x)
-        out = x.new_empty((*x.shape[:-1], width // 2))
-        kernels.silu_and_mul(rows, out.view(-1, width // 2))
-        return out
+        return _gated(self, x, lambda kernels, rows, out: kernels.silu_and_mul(rows, out))
 
     def capture_support(self, ctx: CaptureContext) -> Support:
         return _capture_support(self, ctx, CpuSiluAndMul.forward_cpu, SiluAndMulOp)
@@ -190,17 +183,31 @@ class CpuGeluAndMul(GeluAndMulOp):
         return _is_supported(cls, platform)
 
     def forward_cpu(self, x: torch.Tensor) -> torch.Tensor:
-        kernels = native_kernels()
-        width = x.shape[-1] if x.dim() else 1
-        rows = x.reshape(-1, width) if x.dim() else x
-        if (kernels is None or width % 2 or not _rows(rows) or _recording(x)):
-            return self.forward_native(x)
-        out = x.new_empty((*x.shape[:-1], width // 2))
-        kernels.gelu_and_mul(rows, out.view(-1, width // 2), self.approximate)
-        return out
+        return _gated(self, x, lambda kernels, rows, out: kernels.gelu_and_mul(
+            rows, out, self.approximate))
 
     def capture_support(self, ctx: CaptureContext) -> Support:
         return _capture_support(self, ctx, CpuGeluAndMul.forward_cpu, GeluAndMulOp)
+
+
+
+
+def _gated(op: SiluAndMulOp | GeluAndMulOp, x: torch.Tensor,
+           call: Callable[[NativeKernels, torch.Tensor, torch.Tensor], None]) -> torch.Tensor:
+    """A gated activation ``act(x[..., :d]) * x[..., d:]`` by ``call(kernels, rows, out)``.
+
+    ``rows`` is ``x`` as ``[rows, 2d]``, ``out`` the ``[rows, d]`` result; the op's
+    reference runs where the kernel cannot (no library, odd width, rows it cannot read,
+    autograd recording).
+    """
+    kernels = native_kernels()
+    width = x.shape[-1] if x.dim() else 1
+    rows = x.reshape(-1, width) if x.dim() else x
+    if kernels is None or width % 2 or not _rows(rows) or _recording(x):
+        return op.forward_native(x)
+    out = x.new_empty((*x.shape[:-1], width // 2))
+    call(kernels, rows, out.view(-1, width // 2))
+    return out
 
 
 __all__ = ["CpuGeluAndMul", "CpuRMSNorm", "CpuRotaryEmbedding", "CpuSiluAndMul"]
