@@ -186,8 +186,8 @@ def test_a_new_parameter_of_a_helper_needs_a_versionchanged_note(
         f"engine.sdk.attention.select_backend(strict): new parameter 'strict' of "
         f"engine.sdk.attention.select_backend; add `.. versionchanged:: {versions.minor} Added "
         f"``strict``.` to the docstring of engine.sdk.attention.select_backend")
-    edit("attention.py", "    .. versionadded:: 1.0\n    \"\"\"\n    reasons: list",
-         f"    .. versionadded:: 1.0\n    .. versionchanged:: {versions.minor} Added ``strict``.\n"
+    edit("attention.py", "    \"\"\"\n    reasons: list",
+         f"    .. versionchanged:: {versions.minor} Added ``strict``.\n"
          f"    \"\"\"\n    reasons: list")
     assert problems(repo) == []
 
