@@ -24,6 +24,12 @@ run the architecture is shown as such). Prints one table with the engine's ratio
     .venv/bin/python benchmarks/moe.py               # the full workload (minutes per system)
     .venv/bin/python benchmarks/moe.py --quick       # 4 prompts -> 8 tokens: a smoke run
     .venv/bin/python benchmarks/moe.py --systems engine,transformers --models moe
+    .venv/bin/python benchmarks/moe.py --isa no-amx  # every system off AMX (a Zen 4's view)
+    .venv/bin/python benchmarks/moe.py --isa avx2    # every system on AVX2 only
+
+``--isa`` restricts every system as ``peers.py --isa`` does (``isa_no_amx.py``,
+``isa_avx2.py``: the engine's kernels built for that ISA, oneDNN and torch limited, llama.cpp's
+AVX2 build for ``avx2``; the engine at its pick for such a CPU).
 
 A peer that is not installed is shown as such, never guessed.
 """
@@ -41,6 +47,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import isa_avx2
+import isa_no_amx
 import peers
 from peers import LLAMA_CPP_BIN, PEERS_HOME, cpu_description
 
@@ -55,6 +63,9 @@ SYSTEMS = ("engine", "engine-reference", "transformers", "llama.cpp", "vllm")
 #: The files of the peers' checkpoint that make its tokenizer (copied beside each model).
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja",
                    "generation_config.json")
+#: The peers' environment under ``--isa`` (empty: this process's), and their llama.cpp tools.
+PEER_ENV: dict[str, str] = {}
+LLAMA_TOOLS = {"bin": LLAMA_CPP_BIN}
 #: What a finished build writes last (a half-built directory is rebuilt).
 DONE = "moe-benchmark-done.json"
 
@@ -153,8 +164,9 @@ def _peer_rate(command: list[str], pattern: str, env: dict[str, str] | None = No
                ) -> tuple[float | None, str]:
     """Run a peer; its rate (the first group of ``pattern``) or why there is none."""
     try:
+        extra = {**PEER_ENV, **(env or {})}
         result = subprocess.run(command, capture_output=True, text=True, timeout=3600,
-                                env=None if env is None else {**os.environ, **env})
+                                env={**os.environ, **extra} if extra else None)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"failed: {exc}"
     match = re.search(pattern, result.stdout, re.MULTILINE)
@@ -177,7 +189,7 @@ def transformers_rate(model: Path, num_prompts: int, output_len: int
 
 
 def llama_cpp_rate(name: str, num_prompts: int, output_len: int) -> tuple[float | None, str]:
-    binary = LLAMA_CPP_BIN / "llama-batched-bench"
+    binary = LLAMA_TOOLS["bin"] / "llama-batched-bench"
     if not binary.exists():
         return None, "not installed"
     if not gguf_path(name).exists():
@@ -224,7 +236,18 @@ def main() -> None:
     parser.add_argument("--in-process", action="store_true",
                         help="EngineCore in this process (the table then says whether the "
                              "step graph recorded each engine run)")
+    parser.add_argument("--isa", choices=("native", "avx2", "no-amx"), default="native",
+                        help="native: as the CPU is; avx2: every system restricted to AVX2 "
+                             "(benchmarks/isa_avx2.py); no-amx: every system kept off AMX "
+                             "(benchmarks/isa_no_amx.py)")
     args = parser.parse_args()
+    if args.isa == "avx2":
+        PEER_ENV.update(isa_avx2.apply(PEERS_HOME))
+        home = Path(PEER_ENV["ENGINE_PEERS"])  # llama.cpp's AVX2 build linked in
+        LLAMA_TOOLS["bin"] = home / isa_avx2.LLAMA_CPP_SRC / "build" / "bin"
+        args.dtype = isa_avx2.engine_dtype(args.dtype)
+    elif args.isa == "no-amx":
+        PEER_ENV.update(isa_no_amx.apply(PEERS_HOME))
     num_prompts = args.num_prompts or (4 if args.quick else NUM_PROMPTS)
     output_len = args.output_len or (8 if args.quick else OUTPUT_LEN)
     systems = [s for s in args.systems.split(",") if s]
@@ -267,8 +290,10 @@ def print_table(results: dict[str, dict[str, tuple[float | None, str]]], systems
     if dtype == "auto":
         from engine.core.platforms._builtin import CpuPlatform
         dtype = f"auto = {CpuPlatform.supported_dtypes()[0]}"
+    limit = {"avx2": "every system restricted to AVX2 (--isa avx2) on ",
+             "no-amx": "every system kept off AMX (--isa no-amx) on "}.get(args.isa, "")
     print(f"\n{num_prompts} prompts x {PROMPT_LEN} -> {output_len} tokens, greedy, peers bf16 "
-          f"on {THREADS} threads, engine {dtype}; {cpu} ({', '.join(has)})")
+          f"on {THREADS} threads, engine {dtype}; {limit}{cpu} ({', '.join(has)})")
     names = list(results)
     print("engine-reference: the engine with the built-in fused_moe (--custom-ops "
           "-fused_moe); its 'engine x' is engine-kernels' native call's speed-up")
