@@ -18,7 +18,6 @@ q/k rows, Gemma's ``1 + w`` norms, the converter's metadata keys). Then:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +38,12 @@ from engine.core.model_executor.models.qwen3 import Qwen3ForCausalLM
 from engine.core.model_executor.models.qwen3_moe import Qwen3MoeForCausalLM
 from engine.core.model_loader import iter_gguf_weights, load_gguf_config
 from engine.sdk.errors import UnsupportedError
+from engine.testing.gguf_checks import gguf_checks, gguf_files
 from engine.testing.gguf_writer import (
     round_trip_checkpoint,
     write_checkpoint_gguf,
     write_gguf,
 )
-from engine.testing.model_checks import ModelChecks
 from engine.testing.models import build_tiny_checkpoint
 
 #: kind -> (build_tiny_checkpoint overrides, engine class). Qwen3-MoE as llama.cpp can
@@ -68,36 +67,9 @@ def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
           ) -> dict[str, Any]:
     kind = request.param
     overrides, cls = KINDS[kind]
-    root = tmp_path_factory.mktemp(f"gguf_{kind}")
-    hf = build_tiny_checkpoint(root / "hf", kind, **overrides)
-    return {
-        "kind": kind, "cls": cls, "hf": hf,
-        "f32": write_checkpoint_gguf(root / "f32.gguf", hf),
-        "f16": write_checkpoint_gguf(root / "f16.gguf", hf, default=QT.F16),
-        "q8": write_checkpoint_gguf(root / "q8.gguf", hf, default=QT.Q8_0),
-        "q8_reference": round_trip_checkpoint(hf, root / "hf_q8", QT.Q8_0),
-    }
+    return gguf_files(tmp_path_factory.mktemp(f"gguf_{kind}"), kind, cls, overrides, f16=True)
 
 
-@dataclass
-class GGUFChecks(ModelChecks):
-    """:class:`ModelChecks` with the engine on a GGUF file, transformers on ``checkpoint``."""
-
-    gguf_file: Path | None = None
-
-    def llm(self, **kwargs: Any) -> Any:
-        from engine.core import LLM
-
-        return LLM(str(self.gguf_file), tokenizer=str(self.checkpoint),
-                   **{**self.options, **kwargs})
-
-
-def checks(files: dict[str, Any], file: str, reference: str, **options: Any) -> GGUFChecks:
-    cls = files["cls"]
-    result = GGUFChecks(files[reference], cls, gguf_file=files[file])
-    result.options = {**result.options, "model_impl": f"{cls.__module__}:{cls.__qualname__}",
-                      **options}
-    return result
 
 
 def hf_state(checkpoint: Path) -> dict[str, torch.Tensor]:
@@ -162,7 +134,7 @@ def test_weights(files: dict[str, Any]) -> None:
 
 
 def test_f32_file_equals_transformers(files: dict[str, Any]) -> None:
-    checks(files, "f32", "hf").logits_and_greedy_tokens()
+    gguf_checks(files, "f32", "hf").logits_and_greedy_tokens()
 
 
 @pytest.mark.parametrize("quantization", [None, "gguf"])
@@ -170,7 +142,7 @@ def test_q8_0_file_equals_transformers_on_rounded_weights(
         files: dict[str, Any], quantization: str | None) -> None:
     options = {} if quantization is None else {"quantization": "gguf",
                                                "linear_kernel": "gguf_dequant"}
-    model = checks(files, "q8", "q8_reference", **options).logits_and_greedy_tokens()
+    model = gguf_checks(files, "q8", "q8_reference", **options).logits_and_greedy_tokens()
     attention = model.layers[0].self_attn
     if quantization:
         assert attention.qkv_proj.weight.dtype == torch.uint8  # Q8_0 blocks
@@ -204,8 +176,8 @@ def test_per_expert_mixtral_file(per_expert_mixtral: dict[str, Any]) -> None:
     expected = load_file(files["hf"] / "model.safetensors")
     assert loaded.keys() == expected.keys()
     assert all(torch.equal(loaded[name], tensor) for name, tensor in expected.items())
-    checks(files, "f32", "hf").logits_and_greedy_tokens()
-    model = checks(files, "q8", "q8_reference", quantization="gguf",
+    gguf_checks(files, "f32", "hf").logits_and_greedy_tokens()
+    model = gguf_checks(files, "q8", "q8_reference", quantization="gguf",
                    linear_kernel="gguf_dequant").logits_and_greedy_tokens()
     assert model.layers[0].self_attn.qkv_proj.weight.dtype == torch.uint8
     assert model.layers[0].mlp.experts.op.w13.dtype == torch.float32

@@ -20,19 +20,14 @@ it is loaded: the table stays as stored, blocks and all.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from gguf import GGMLQuantizationType as QT
 
 from engine.core.model_executor.models.gemma2 import Gemma2ForCausalLM
 from engine.core.model_executor.models.gemma3 import Gemma3ForCausalLM
-from engine.testing.gguf_writer import round_trip_checkpoint, write_checkpoint_gguf
-from engine.testing.model_checks import ModelChecks
-from engine.testing.models import build_tiny_checkpoint
+from engine.testing.gguf_checks import gguf_checks, gguf_files
 
 KINDS: dict[str, type] = {"gemma2": Gemma2ForCausalLM, "gemma3": Gemma3ForCausalLM}
 #: What a GGUF file can state: llama.cpp scales queries by ``head_dim ** -0.5`` (but for
@@ -50,39 +45,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 def files(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
           ) -> dict[str, Any]:
     kind = request.param
-    root = tmp_path_factory.mktemp(f"gguf_{kind}")
-    hf = build_tiny_checkpoint(root / "hf", kind, **OVERRIDES[kind])
-    return {
-        "kind": kind, "cls": KINDS[kind], "hf": hf,
-        "f32": write_checkpoint_gguf(root / "f32.gguf", hf),
-        "q8": write_checkpoint_gguf(root / "q8.gguf", hf, default=QT.Q8_0),
-        "q8_reference": round_trip_checkpoint(hf, root / "hf_q8", QT.Q8_0),
-    }
+    return gguf_files(tmp_path_factory.mktemp(f"gguf_{kind}"), kind, KINDS[kind],
+                      OVERRIDES[kind])
 
 
-@dataclass
-class GGUFChecks(ModelChecks):
-    """:class:`ModelChecks` with the engine on a GGUF file, transformers on ``checkpoint``."""
-
-    gguf_file: Path | None = None
-
-    def llm(self, **kwargs: Any) -> Any:
-        from engine.core import LLM
-
-        return LLM(str(self.gguf_file), tokenizer=str(self.checkpoint),
-                   **{**self.options, **kwargs})
-
-
-def checks(files: dict[str, Any], file: str, reference: str, **options: Any) -> GGUFChecks:
-    cls = files["cls"]
-    result = GGUFChecks(files[reference], cls, gguf_file=files[file])
-    result.options = {**result.options, "model_impl": f"{cls.__module__}:{cls.__qualname__}",
-                      **options}
-    return result
 
 
 def test_f32_file_equals_transformers(files: dict[str, Any]) -> None:
-    model = checks(files, "f32", "hf").logits_and_greedy_tokens()
+    model = gguf_checks(files, "f32", "hf").logits_and_greedy_tokens()
     assert model.embed_tokens.scale == 8.0  # sqrt(hidden_size 64), applied by the layer
     assert model.lm_head.weight is model.embed_tokens.weight  # tied: the unscaled table
 
@@ -92,7 +62,7 @@ def test_q8_0_file_equals_transformers_on_rounded_weights(
         files: dict[str, Any], quantization: str | None) -> None:
     options = {} if quantization is None else {"quantization": "gguf",
                                                "linear_kernel": "gguf_dequant"}
-    model = checks(files, "q8", "q8_reference", **options).logits_and_greedy_tokens()
+    model = gguf_checks(files, "q8", "q8_reference", **options).logits_and_greedy_tokens()
     attention = model.layers[0].self_attn
     table = model.embed_tokens.weight
     if quantization:
