@@ -47,7 +47,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.core.model_executor.models.llama import LlamaAttention, LlamaForCausalLM
+from engine.core.model_executor.models.llama import (
+    LlamaAttention,
+    LlamaForCausalLM,
+    input_norm,
+)
 from engine.sdk.layers import LayerFactory
 from engine.sdk.model import ModelContext
 
@@ -144,11 +148,7 @@ class Gemma2DecoderLayer(nn.Module):
         metadata: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """``(hidden, residual)`` in, the same out: the layer's input is their sum."""
-        if residual is None:
-            residual = hidden.clone()  # rms_norm replacements may normalise in place
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = input_norm(self.input_layernorm, hidden, residual)
         hidden = self.post_attention_layernorm(self.self_attn(positions, hidden, metadata))
         hidden, residual = self.pre_feedforward_layernorm(hidden, residual)
         out: torch.Tensor = self.post_feedforward_layernorm(self.mlp(hidden))
@@ -160,29 +160,20 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     #: The decoder layer, built as ``cls(config, layers, prefix, layer_type)``.
     gemma_layer_cls: type[Gemma2DecoderLayer] = Gemma2DecoderLayer
+    tie_word_embeddings_default = True
 
     def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
-        nn.Module.__init__(self)
-        config = ctx.hf_config
-        self.check_config(config)
-        layers = ctx.layers
-        if layers is None:
-            raise ValueError(f"{type(self).__name__} is built with the engine's layer factory "
-                             f"(ModelContext.layers), got None")
-        self.config = config
-        self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
-                                             config.hidden_size,
-                                             scale=config.hidden_size ** 0.5)
-        self.layers = nn.ModuleList(
-            self.gemma_layer_cls(config, layers, f"model.layers.{i}", layer_type)
-            for i, layer_type in enumerate(self.layer_types(config))
-        )
-        self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", True))
-        self.lm_head = layers.linear("lm_head", config.hidden_size, (config.vocab_size,),
-                                     kind="lm_head", parallel="column")
-        cap = getattr(config, "final_logit_softcapping", None)
+        self.check_config(ctx.hf_config)
+        super().__init__(ctx, prefix)
+        cap = getattr(self.config, "final_logit_softcapping", None)
         self.final_logit_softcapping = None if cap is None else float(cap)
+
+    def embedding_scale(self, config: Any) -> float:
+        return float(config.hidden_size ** 0.5)
+
+    def build_layers(self, config: Any, layers: LayerFactory) -> list[nn.Module]:
+        return [self.gemma_layer_cls(config, layers, f"model.layers.{i}", layer_type)
+                for i, layer_type in enumerate(self.layer_types(config))]
 
     def check_config(self, config: Any) -> None:
         """Refuse what this class does not serve (clear errors, before any layer is built)."""

@@ -148,6 +148,20 @@ class LlamaMLP(nn.Module):
         return out
 
 
+def input_norm(norm: nn.Module, hidden: torch.Tensor, residual: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A decoder layer's first norm: ``(norm(hidden + residual), hidden + residual)``.
+
+    The first layer has no residual yet (``None``): it keeps a copy of its input.
+    """
+    if residual is None:
+        residual = hidden.clone()  # rms_norm replacements may normalise in place
+        normed: torch.Tensor = norm(hidden)
+        return normed, residual
+    result: tuple[torch.Tensor, torch.Tensor] = norm(hidden, residual)
+    return result
+
+
 class LlamaDecoderLayer(nn.Module):
     #: The attention module of each layer (a variant's subclass replaces it).
     attention_cls: type[LlamaAttention] = LlamaAttention
@@ -177,11 +191,7 @@ class LlamaDecoderLayer(nn.Module):
         self, positions: torch.Tensor, hidden: torch.Tensor, residual: torch.Tensor | None,
         metadata: Any,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if residual is None:
-            residual = hidden.clone()  # rms_norm replacements may normalise in place
-            hidden = self.input_layernorm(hidden)
-        else:
-            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden, residual = input_norm(self.input_layernorm, hidden, residual)
         hidden = self.self_attn(positions, hidden, metadata)
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         out: torch.Tensor = self.mlp(hidden)
@@ -195,6 +205,9 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
     qkv_bias_default = False
     #: The decoder layer (a variant with another attention, e.g. Qwen3's, replaces it).
     decoder_layer_cls: type[LlamaDecoderLayer] = LlamaDecoderLayer
+    #: ``tie_word_embeddings`` when the config does not say (transformers' default for the
+    #: architecture: Gemma ties).
+    tie_word_embeddings_default = False
 
     def __init__(self, ctx: ModelContext, prefix: str = "") -> None:
         nn.Module.__init__(self)
@@ -204,19 +217,27 @@ class LlamaForCausalLM(nn.Module, ModelInterface):
             raise ValueError(f"{type(self).__name__} is built with the engine's layer factory "
                              f"(ModelContext.layers), got None")
         self.config = config
-        qkv_bias = self.qkv_bias_default or bool(getattr(config, "attention_bias", False))
         self.embed_tokens = layers.embedding("model.embed_tokens", config.vocab_size,
-                                             config.hidden_size)
-        self.layers = nn.ModuleList(
-            self.decoder_layer_cls(config, layers, f"model.layers.{i}", qkv_bias)
-            for i in range(config.num_hidden_layers)
-        )
+                                             config.hidden_size,
+                                             scale=self.embedding_scale(config))
+        self.layers = nn.ModuleList(self.build_layers(config, layers))
         self.norm = layers.rms_norm(config.hidden_size, config.rms_norm_eps)
-        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings", False))
+        self.tie_word_embeddings = bool(getattr(config, "tie_word_embeddings",
+                                                self.tie_word_embeddings_default))
         # Tied: the head's weight becomes the embedding table once loaded (one tensor), and
         # the head still goes through a linear kernel.
         self.lm_head = layers.linear("lm_head", config.hidden_size, (config.vocab_size,),
                                      kind="lm_head", parallel="column")
+
+    def embedding_scale(self, config: Any) -> float | None:
+        """The embedding rows' scale (``layers.embedding(scale=...)``): none; Gemma's."""
+        return None
+
+    def build_layers(self, config: Any, layers: LayerFactory) -> list[nn.Module]:
+        """The decoder layers ``model.layers.{i}``: ``decoder_layer_cls`` each (Gemma: by type)."""
+        qkv_bias = self.qkv_bias_default or bool(getattr(config, "attention_bias", False))
+        return [self.decoder_layer_cls(config, layers, f"model.layers.{i}", qkv_bias)
+                for i in range(config.num_hidden_layers)]
 
     def forward(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata: Any
