@@ -62,15 +62,9 @@ def _inference() -> object:
         yield
 
 
-@pytest.mark.parametrize("dtype", PACKED)
-@pytest.mark.parametrize("shape", SHAPES)
-@pytest.mark.parametrize("tokens", TOKENS)
-@pytest.mark.parametrize("renormalize", [True, False])
-def test_it_matches_the_reference(dtype: torch.dtype, shape: tuple[int, int, int, int],
-                                  tokens: int, renormalize: bool) -> None:
-    experts, _, hidden, _ = shape
-    op = _op(*shape, dtype, renormalize, seed=tokens)
-    assert op.panels() is not None  # the kernel runs, not the reference it falls back to
+def _matches_the_reference(op: CpuFusedMoE, tokens: int, experts: int, hidden: int,
+                           dtype: torch.dtype) -> torch.Tensor:
+    """``op`` on seeded random rows equals the SDK reference and leaves its inputs; the rows."""
     gen = torch.Generator().manual_seed(tokens + 1)
     x = torch.randn(tokens, hidden, generator=gen).to(dtype)
     logits = torch.randn(tokens, experts, generator=gen) * 2
@@ -80,6 +74,19 @@ def test_it_matches_the_reference(dtype: torch.dtype, shape: tuple[int, int, int
     assert got.dtype == dtype and got.shape == (tokens, hidden)
     torch.testing.assert_close(got, want, **_tolerance(dtype))
     assert torch.equal(x, x_in) and torch.equal(logits, logits_in)
+    return x
+
+
+@pytest.mark.parametrize("dtype", PACKED)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("tokens", TOKENS)
+@pytest.mark.parametrize("renormalize", [True, False])
+def test_it_matches_the_reference(dtype: torch.dtype, shape: tuple[int, int, int, int],
+                                  tokens: int, renormalize: bool) -> None:
+    experts, _, hidden, _ = shape
+    op = _op(*shape, dtype, renormalize, seed=tokens)
+    assert op.panels() is not None  # the kernel runs, not the reference it falls back to
+    _matches_the_reference(op, tokens, experts, hidden, dtype)
 
 
 @pytest.mark.parametrize("dtype", PACKED)
@@ -92,15 +99,7 @@ def test_gpt_oss_options_match_the_reference(dtype: torch.dtype,
     experts, _, hidden, _ = shape
     op = _op(*shape, dtype, True, seed=tokens, **options)
     assert op.extra_options() and op.panels() is not None  # the kernel, not the reference
-    gen = torch.Generator().manual_seed(tokens + 1)
-    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
-    logits = torch.randn(tokens, experts, generator=gen) * 2
-    x_in, logits_in = x.clone(), logits.clone()
-    got = op(x, logits)
-    want = FusedMoEOp.forward_native(op, x, logits)
-    assert got.dtype == dtype and got.shape == (tokens, hidden)
-    torch.testing.assert_close(got, want, **_tolerance(dtype))
-    assert torch.equal(x, x_in) and torch.equal(logits, logits_in)
+    x = _matches_the_reference(op, tokens, experts, hidden, dtype)
     if op.activation == "swigluoai" and tokens == 300:  # the clamps took part
         gate_up = torch.nn.functional.linear(x.float(), op.w13[0].float())
         size = op.intermediate_size
